@@ -1,0 +1,41 @@
+"""Request-scoped dependencies: a session that commits, the caller's project."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Header
+from sqlalchemy.orm import Session
+
+from batchwright.auth.service import authenticate
+from batchwright.config import Settings, get_settings
+from batchwright.db.session import get_sessionmaker, run_after_commit
+
+
+def get_session() -> Iterator[Session]:
+    """Commit when the endpoint returns, before the response is sent; then send tasks."""
+    session = get_sessionmaker()()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        session.info.pop("after_commit", None)
+        raise
+    finally:
+        session.close()
+    run_after_commit(session)
+
+
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def current_project(
+    session: SessionDep, authorization: Annotated[str | None, Header()] = None
+) -> str:
+    return authenticate(session, authorization)
+
+
+ProjectDep = Annotated[str, Depends(current_project)]

@@ -1,0 +1,74 @@
+"""Every error leaves in OpenAI's envelope; a client mistake is never a 500."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import ORJSONResponse
+from sqlalchemy.exc import DBAPIError, OperationalError
+from starlette.exceptions import HTTPException
+
+from batchwright.errors import APIError, InvalidRequest, Unavailable
+
+log = logging.getLogger(__name__)
+
+_HTTP_TYPES = {404: "not_found", 405: "method_not_allowed", 413: "file_too_large"}
+
+
+def _render(exc: APIError) -> ORJSONResponse:
+    return ORJSONResponse(exc.body(), status_code=exc.status_code)
+
+
+def _param(loc: tuple[int | str, ...]) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or None
+
+
+async def on_api_error(_: Request, exc: Exception) -> ORJSONResponse:
+    assert isinstance(exc, APIError)
+    return _render(exc)
+
+
+async def on_validation_error(_: Request, exc: Exception) -> ORJSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    param = _param(tuple(first.get("loc", ())))
+    msg = str(first.get("msg", "invalid request"))
+    if first.get("type") == "missing":
+        message = f"Missing required parameter: '{param}'."
+    elif first.get("type") == "extra_forbidden":
+        message = f"Unrecognized request argument supplied: {param}"
+    elif first.get("type") == "json_invalid":
+        message = "The request body is not valid JSON."
+    else:
+        message = f"Invalid value for '{param}': {msg}" if param else msg
+    return _render(InvalidRequest(message, param=param, code="invalid_request"))
+
+
+async def on_http_error(_: Request, exc: Exception) -> ORJSONResponse:
+    assert isinstance(exc, HTTPException)
+    err = APIError(str(exc.detail), code=_HTTP_TYPES.get(exc.status_code))
+    err.status_code = exc.status_code
+    err.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    return ORJSONResponse(err.body(), status_code=exc.status_code, headers=exc.headers)
+
+
+async def on_db_error(_: Request, exc: Exception) -> ORJSONResponse:
+    log.warning("database unavailable: %s", exc)
+    return _render(Unavailable("The database is unavailable; retry the request."))
+
+
+async def on_unexpected(_: Request, exc: Exception) -> ORJSONResponse:
+    log.exception("unhandled error", exc_info=exc)
+    return _render(APIError("Internal server error."))
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(HTTPException, on_http_error)
+    app.add_exception_handler(OperationalError, on_db_error)
+    app.add_exception_handler(DBAPIError, on_db_error)
+    app.add_exception_handler(Exception, on_unexpected)

@@ -1,0 +1,47 @@
+"""Liveness, readiness (database and broker reachable), model list."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import ORJSONResponse
+from sqlalchemy import text
+
+from batchwright.api.deps import ProjectDep, SettingsDep
+from batchwright.db.session import get_engine
+from batchwright.protocol.batches import ListObject, Model
+from batchwright.registry import load_registry
+
+router = APIRouter()
+
+
+@router.get("/healthz", tags=["health"])
+def live() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", tags=["health"])
+def ready(settings: SettingsDep) -> ORJSONResponse:
+    checks: dict[str, str] = {}
+    try:
+        with get_engine().connect() as conn:
+            conn.execute(text("SELECT 1"))
+        checks["database"] = "ok"
+    except Exception as exc:
+        checks["database"] = f"unreachable: {type(exc).__name__}"
+    if settings.broker_url:
+        try:
+            import redis
+
+            redis.Redis.from_url(settings.broker_url, socket_timeout=2).ping()
+            checks["broker"] = "ok"
+        except Exception as exc:
+            checks["broker"] = f"unreachable: {type(exc).__name__}"
+    ok = all(v == "ok" for v in checks.values())
+    return ORJSONResponse({"status": "ok" if ok else "unavailable", **checks},
+                          status_code=200 if ok else 503)
+
+
+@router.get("/v1/models", tags=["models"])
+def list_models(_: ProjectDep, settings: SettingsDep) -> ListObject[Model]:
+    data = [Model(id=name) for name in load_registry(settings).names]
+    return ListObject[Model](data=data, first_id=data[0].id, last_id=data[-1].id)

@@ -1,0 +1,162 @@
+"""Batch input validation: stream the input file once, turn each line into a request row.
+
+File-level problems (not JSON, custom_id, method, url, model) fail the batch with line
+numbers; a body the model would reject becomes a failed row (a 400 in the error file).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from sqlalchemy import delete, insert
+from sqlalchemy.orm import Session
+
+from batchwright.db.models import Batch, BatchRequest
+from batchwright.files.storage import iter_lines
+from batchwright.protocol.completions import check_completion_body
+from batchwright.registry import Registry
+
+MAX_REPORTED_ERRORS = 100
+INSERT_BATCH = 1000
+BOM = b"\xef\xbb\xbf"
+
+
+@dataclass
+class LineError:
+    code: str
+    line: int
+    message: str
+    param: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "line": self.line, "message": self.message, "param": self.param}
+
+
+@dataclass
+class Outcome:
+    errors: list[LineError] = field(default_factory=list)
+    total: int = 0
+    rejected: int = 0
+    model: str | None = None
+
+
+class _Rows:
+    """Accumulates request rows and inserts them a thousand at a time."""
+
+    def __init__(self, session: Session, batch_id: str) -> None:
+        self.session, self.batch_id, self.pending = session, batch_id, []  # type: ignore[var-annotated]
+
+    def add(self, **row: Any) -> None:
+        self.pending.append({"batch_id": self.batch_id, "attempts": 0, **row})
+        if len(self.pending) >= INSERT_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            self.session.execute(insert(BatchRequest), self.pending)
+            self.pending = []
+
+
+def _parse_line(raw: bytes, line_no: int) -> tuple[dict[str, Any] | None, LineError | None]:
+    def err(code: str, message: str, param: str | None = None) -> LineError:
+        return LineError(code, line_no, f"Line {line_no}: {message}", param)
+
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        # orjson rejects invalid UTF-8 and nesting deeper than 1024 here too.
+        return None, err("invalid_json_line", f"not valid JSON ({str(exc)[:120]}).")
+    if not isinstance(obj, dict):
+        return None, err("invalid_json_line", "each line must be a JSON object.")
+    custom_id = obj.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        return None, err("missing_custom_id", "'custom_id' must be a non-empty string.", "custom_id")
+    if "\x00" in custom_id or len(custom_id) > 512:
+        return None, err(
+            "invalid_custom_id", "'custom_id' must be at most 512 characters with no NUL.",
+            "custom_id",
+        )
+    if obj.get("method") != "POST":
+        return None, err("invalid_method", "'method' must be 'POST'.", "method")
+    if obj.get("url") != "/v1/completions":
+        return None, err(
+            "invalid_url", "'url' must be '/v1/completions', the batch's endpoint.", "url"
+        )
+    body = obj.get("body")
+    if not isinstance(body, dict):
+        return None, err("invalid_body", "'body' must be a JSON object.", "body")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        return None, err("missing_model", "'body.model' must be a non-empty string.", "body.model")
+    return obj, None
+
+
+def scan_input(session: Session, batch: Batch, registry: Registry, max_lines: int) -> Outcome:
+    out = Outcome()
+    rows = _Rows(session, batch.id)
+    seen: set[str] = set()
+
+    def fail(error: LineError) -> bool:
+        out.errors.append(error)
+        return len(out.errors) >= MAX_REPORTED_ERRORS
+
+    for line_no, raw in enumerate(iter_lines(session, batch.input_file_id), start=1):
+        if line_no == 1 and raw.startswith(BOM):
+            raw = raw[len(BOM) :]
+        raw = raw.rstrip(b"\r")
+        if not raw.strip():
+            continue  # blank lines carry no request; line numbers still count them
+        out.total += 1
+        if out.total > max_lines:
+            fail(LineError("too_many_tasks", line_no,
+                           f"The file holds more than {max_lines} requests.", None))
+            break
+        obj, error = _parse_line(raw, line_no)
+        if error is not None or obj is None:
+            if fail(error):  # type: ignore[arg-type]
+                break
+            continue
+        custom_id, body = obj["custom_id"], obj["body"]
+        if custom_id in seen:
+            if fail(LineError("duplicate_custom_id", line_no,
+                              f"Line {line_no}: custom_id {custom_id[:64]!r} appears twice.",
+                              "custom_id")):
+                break
+            continue
+        seen.add(custom_id)
+        model = body["model"]
+        if registry.get(model) is None:
+            if fail(LineError("model_not_found", line_no,
+                              f"Line {line_no}: model {model[:64]!r} does not exist here; "
+                              f"available: {', '.join(registry.names)}.", "body.model")):
+                break
+            continue
+        if out.model is None:
+            out.model = model
+        elif model != out.model:
+            if fail(LineError("mismatched_model", line_no,
+                              f"Line {line_no}: model {model[:64]!r} differs from "
+                              f"{out.model!r}; a batch uses one model.", "body.model")):
+                break
+            continue
+        if out.errors:
+            continue  # the batch fails anyway: keep scanning for errors, store nothing
+        _, body_error = check_completion_body(body)
+        row: dict[str, Any] = {
+            "line_no": line_no,
+            "custom_id": custom_id,
+            "body": orjson.dumps(body).decode(),
+            "state": "queued",
+        }
+        if body_error is not None:
+            out.rejected += 1
+            row.update(state="failed", status_code=400, error=orjson.dumps(body_error).decode())
+        rows.add(**row)
+    if out.total == 0 and not out.errors:
+        out.errors.append(LineError("empty_file", 0, "The input file holds no requests."))
+    if out.errors:
+        session.execute(delete(BatchRequest).where(BatchRequest.batch_id == batch.id))
+    else:
+        rows.flush()
+    return out

@@ -1,0 +1,127 @@
+"""The `batchwright` command."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="Self-hosted, OpenAI-compatible batch inference.", no_args_is_help=True)
+keys = typer.Typer(help="Create and revoke API keys.", no_args_is_help=True)
+db = typer.Typer(help="Database schema.", no_args_is_help=True)
+app.add_typer(keys, name="keys")
+app.add_typer(db, name="db")
+console = Console()
+
+
+@app.command()
+def run(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True)],
+    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+) -> None:
+    """Run a batch JSONL file on this machine (SQLite + in-process worker, no servers)."""
+    from batchwright.embedded import run_file
+
+    result = run_file(file, show_progress=not quiet)
+    batch = result.batch
+    table = Table(title=f"{batch.id} — {batch.status}", show_header=False)
+    counts, usage = batch.request_counts, batch.usage
+    table.add_row("model", str(batch.model))
+    table.add_row("requests", f"{counts.total} total, {counts.completed} completed, "
+                  f"{counts.failed} failed")
+    table.add_row("usage", f"{usage.input_tokens} input + {usage.output_tokens} output = "
+                  f"{usage.total_tokens} tokens")
+    table.add_row("output", str(result.output_path or "-"))
+    table.add_row("errors", str(result.error_path or "-"))
+    console.print(table)
+    for err in (batch.errors.data if batch.errors else [])[:20]:
+        console.print(f"[red]line {err.line}[/red] {err.code}: {err.message}")
+    if batch.status != "completed":
+        raise typer.Exit(1)
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    port: Annotated[int, typer.Option()] = 8000,
+    workers: Annotated[int, typer.Option(help="API processes.")] = 1,
+) -> None:
+    """Run the HTTP API (needs BATCHWRIGHT_DATABASE_URL and BATCHWRIGHT_BROKER_URL)."""
+    import uvicorn
+
+    uvicorn.run("batchwright.api.app:create_app", factory=True, host=host, port=port,
+                workers=workers)
+
+
+@app.command()
+def worker(
+    beat: Annotated[bool, typer.Option(help="Also run the periodic sweeper here.")] = False,
+    loglevel: Annotated[str, typer.Option()] = "INFO",
+) -> None:
+    """Run a Celery GPU worker: one process, model loaded once, solo pool."""
+    from batchwright.worker.celery_app import celery_app
+
+    argv = ["worker", "-P", "solo", "-Q", "batchwright", f"--loglevel={loglevel}",
+            "--without-gossip", "--without-mingle"]
+    if beat:
+        argv += ["-B", "-s", os.path.join(os.environ.get("TMPDIR", "/tmp"), "bw-beat-schedule")]
+    celery_app.worker_main(argv)
+
+
+@app.command()
+def beat(
+    loglevel: Annotated[str, typer.Option()] = "INFO",
+    schedule: Annotated[str, typer.Option(help="Beat's schedule state file.")] = "",
+) -> None:
+    """Run the periodic sweeper alone (one per deployment)."""
+    from batchwright.worker.celery_app import celery_app
+
+    argv = ["beat", f"--loglevel={loglevel}"]
+    if schedule:
+        argv += ["--schedule", schedule]
+    celery_app.start(argv)
+
+
+@db.command("upgrade")
+def db_upgrade() -> None:
+    """alembic upgrade head on the configured database."""
+    from batchwright.db.migrate import upgrade_head
+
+    upgrade_head()
+    console.print("database at head")
+
+
+@keys.command("create")
+def keys_create(
+    project: Annotated[str, typer.Option(help="Project name (created if new).")] = "default",
+    name: Annotated[str, typer.Option(help="A label for the key.")] = "default",
+) -> None:
+    """Create an API key; the secret is printed once."""
+    from batchwright.auth.service import create_key
+    from batchwright.db.session import session_scope
+
+    with session_scope() as session:
+        key, secret = create_key(session, project, name)
+        key_id = key.id
+    Console(stderr=True).print(f"key id: {key_id}", highlight=False)
+    sys.stdout.write(secret + "\n")
+
+
+@keys.command("revoke")
+def keys_revoke(key_id: str) -> None:
+    """Revoke an API key by id."""
+    from batchwright.auth.service import revoke_key
+    from batchwright.db.session import session_scope
+
+    with session_scope() as session:
+        revoke_key(session, key_id)
+    console.print(f"revoked {key_id}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,62 @@
+"""Typed settings: one class, env prefix BATCHWRIGHT_."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_home() -> Path:
+    return Path.home() / ".cache" / "batchwright"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BATCHWRIGHT_", env_file=".env", extra="ignore")
+
+    # Empty database URL means the embedded default: SQLite under `home`.
+    database_url: str = ""
+    # Empty broker URL means no Celery: work runs in-process (embedded default).
+    broker_url: str = ""
+    home: Path = Field(default_factory=_default_home)
+
+    # Model registry: a TOML/JSON file, or inline JSON; see registry.py.
+    models_file: Path | None = None
+    models: str = ""
+
+    max_upload_bytes: int = 200 * 1024 * 1024
+    max_batch_lines: int = 50_000
+    # Storage granularity of file content rows; also the download chunk size.
+    file_chunk_bytes: int = 1024 * 1024
+    # Completion window accepted in the API ("24h") and how long it really lasts;
+    # tests shorten it to seconds.
+    completion_window_seconds: int = 24 * 3600
+
+    # Worker claiming.
+    lease_seconds: int = 120
+    claim_batch_size: int = 64
+    max_attempts: int = 3
+    # A process task gives the queue back after this long so control tasks
+    # (validate, finalize) never wait behind a long generation run.
+    work_slice_seconds: float = 60.0
+    sweep_interval_seconds: float = 15.0
+
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+
+    @property
+    def embedded(self) -> bool:
+        return not self.broker_url
+
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        self.home.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{self.home / 'batchwright.sqlite3'}"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,1 @@
+"""Generation engine. Importing this package imports torch: never from the API process."""

@@ -1,0 +1,43 @@
+"""Torch-free types crossing the boundary between the worker and the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class GenRequest:
+    """One input line handed to the engine.
+
+    `key` is opaque to the engine (the worker uses the request row id). `body` is the
+    line's `body` object as the client sent it (already passed CompletionRequest
+    validation once, but the engine re-parses it: it is the authority on semantics).
+    """
+
+    key: Any
+    body: dict[str, Any]
+
+
+@dataclass
+class GenResult:
+    """The outcome of one GenRequest.
+
+    Success: status_code 200, `completion` is the whole Completion object (id "cmpl-…",
+    object, created, model, system_fingerprint, choices, usage).
+    Rejected by the model (prompt too long, a parameter out of range, …): status_code
+    400 and `error` = {"message", "type", "param", "code"} (no envelope; the worker wraps
+    it as {"error": ...}).
+    """
+
+    key: Any
+    status_code: int
+    completion: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens

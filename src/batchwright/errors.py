@@ -1,0 +1,63 @@
+"""One error hierarchy, rendered in OpenAI's envelope {"error": {message, type, param, code}}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class APIError(Exception):
+    status_code = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self, message: str, *, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class InvalidRequest(APIError):
+    status_code = 400
+    type = "invalid_request_error"
+
+
+class PayloadTooLarge(InvalidRequest):
+    status_code = 413
+    code = "file_too_large"
+
+
+class Unauthorized(APIError):
+    status_code = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class NotFound(APIError):
+    status_code = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class Conflict(APIError):
+    status_code = 409
+    type = "invalid_request_error"
+
+
+class Unavailable(APIError):
+    status_code = 503
+    type = "server_error"
+    code = "service_unavailable"

@@ -1,0 +1,124 @@
+"""Leases on request rows: claim with SKIP LOCKED, keep alive, release on failure."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+from sqlalchemy import select, update
+
+from batchwright.config import Settings
+from batchwright.db.base import new_id
+from batchwright.db.models import Batch, BatchRequest
+from batchwright.db.session import session_scope
+from batchwright.engine.types import GenRequest
+
+
+class Lease:
+    """One worker run's claim on rows of one model's in-progress batches."""
+
+    def __init__(self, model: str, settings: Settings, stop: threading.Event) -> None:
+        self.model = model
+        self.settings = settings
+        self.stop = stop
+        self.token = new_id("lease_", 12)
+        self.deadline = time.monotonic() + settings.work_slice_seconds
+        self.more_work = False  # stopped by the slice or a shutdown with rows still queued
+        self._heartbeat_stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+
+    def claim(self, limit: int) -> list[BatchRequest]:
+        now = time.time()
+        with session_scope() as session:
+            ids = list(
+                session.scalars(
+                    select(BatchRequest.id)
+                    .join(Batch, Batch.id == BatchRequest.batch_id)
+                    .where(
+                        BatchRequest.state == "queued",
+                        BatchRequest.attempts < self.settings.max_attempts,
+                        Batch.status == "in_progress",
+                        Batch.model == self.model,
+                    )
+                    .order_by(Batch.created_at, BatchRequest.batch_id, BatchRequest.line_no)
+                    .limit(limit)
+                    .with_for_update(skip_locked=True, of=BatchRequest)
+                )
+            )
+            if not ids:
+                return []
+            session.execute(
+                update(BatchRequest)
+                .where(BatchRequest.id.in_(ids))
+                .values(
+                    state="running",
+                    lease_token=self.token,
+                    lease_expires_at=now + self.settings.lease_seconds,
+                    attempts=BatchRequest.attempts + 1,
+                )
+            )
+            rows = list(
+                session.scalars(
+                    select(BatchRequest)
+                    .where(BatchRequest.id.in_(ids))
+                    .order_by(BatchRequest.line_no)
+                )
+            )
+        return rows
+
+    def requests(self) -> Iterator[GenRequest]:
+        """Rows for the engine, claimed a few at a time, only as the engine asks."""
+        while True:
+            if self.stop.is_set() or time.monotonic() >= self.deadline:
+                self.more_work = True
+                return
+            rows = self.claim(self.settings.claim_batch_size)
+            if not rows:
+                return
+            for row in rows:
+                body: dict[str, Any] = orjson.loads(row.body)
+                yield GenRequest(key=(row.id, row.batch_id), body=body)
+
+    def _renew(self) -> None:
+        with session_scope() as session:
+            session.execute(
+                update(BatchRequest)
+                .where(BatchRequest.lease_token == self.token, BatchRequest.state == "running")
+                .values(lease_expires_at=time.time() + self.settings.lease_seconds)
+            )
+
+    def _beat(self) -> None:
+        interval = max(self.settings.lease_seconds / 3, 0.5)
+        while not self._heartbeat_stop.wait(interval):
+            try:
+                self._renew()
+            except Exception:  # a dropped connection: the next beat retries
+                continue
+
+    def __enter__(self) -> Lease:
+        self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="lease-beat")
+        self._heartbeat.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._heartbeat_stop.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join(timeout=5)
+        if exc[0] is not None:
+            self.release(reason=repr(exc[1])[:500])
+
+    def release(self, reason: str) -> None:
+        """Give rows back to the queue after a crash of this run; attempts already counted."""
+        err = orjson.dumps(
+            {"message": f"Worker error: {reason}", "type": "server_error", "param": None,
+             "code": "server_error"}
+        ).decode()
+        with session_scope() as session:
+            session.execute(
+                update(BatchRequest)
+                .where(BatchRequest.lease_token == self.token, BatchRequest.state == "running")
+                .values(state="queued", lease_token=None, lease_expires_at=None, error=err)
+            )

@@ -1,0 +1,92 @@
+"""Idempotent result writes: a row's result lands only while this lease still holds it."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import orjson
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from batchwright.db.base import now
+from batchwright.db.models import Batch, BatchRequest, Completion
+from batchwright.engine.types import GenResult
+from batchwright.worker.dispatch import FINALIZE, enqueue
+
+
+def write_results(session: Session, token: str, results: list[GenResult]) -> int:
+    """Store results; returns how many landed. A row whose lease moved on is skipped."""
+    deltas: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    landed = 0
+    for result in results:
+        row_id, batch_id = result.key
+        ok = result.status_code == 200 and result.completion is not None
+        values: dict[str, object] = {
+            "state": "succeeded" if ok else "failed",
+            "status_code": result.status_code,
+            "lease_token": None,
+            "lease_expires_at": None,
+            "prompt_tokens": result.prompt_tokens if ok else 0,
+            "completion_tokens": result.completion_tokens if ok else 0,
+            "error": None if ok else orjson.dumps(result.error).decode(),
+        }
+        moved = session.execute(
+            update(BatchRequest)
+            .where(
+                BatchRequest.id == row_id,
+                BatchRequest.state == "running",
+                BatchRequest.lease_token == token,
+            )
+            .values(**values)
+        )
+        if moved.rowcount != 1:  # type: ignore[attr-defined]
+            continue  # lease expired and the row was re-queued, cancelled or expired
+        landed += 1
+        delta = deltas[batch_id]
+        if ok:
+            assert result.completion is not None
+            session.add(
+                Completion(
+                    id=str(result.completion["id"]),
+                    request_row_id=row_id,
+                    batch_id=batch_id,
+                    model=str(result.completion.get("model", "")),
+                    body=orjson.dumps(result.completion).decode(),
+                    prompt_tokens=result.prompt_tokens,
+                    completion_tokens=result.completion_tokens,
+                    total_tokens=result.total_tokens,
+                    created_at=now(),
+                )
+            )
+            delta[0] += 1
+            delta[2] += result.prompt_tokens
+            delta[3] += result.completion_tokens
+        else:
+            delta[1] += 1
+    for batch_id, (done, failed, tin, tout) in deltas.items():
+        session.execute(
+            update(Batch)
+            .where(Batch.id == batch_id)
+            .values(
+                completed=Batch.completed + done,
+                failed=Batch.failed + failed,
+                input_tokens=Batch.input_tokens + tin,
+                output_tokens=Batch.output_tokens + tout,
+            )
+        )
+        if remaining(session, batch_id) == 0:
+            enqueue(session, FINALIZE, batch_id)
+    session.flush()
+    return landed
+
+
+def remaining(session: Session, batch_id: str) -> int:
+    return int(
+        session.scalar(
+            select(func.count()).where(
+                BatchRequest.batch_id == batch_id,
+                BatchRequest.state.in_(("queued", "running")),
+            )
+        )
+        or 0
+    )

@@ -1,0 +1,146 @@
+"""What the tasks do. Celery tasks and the embedded driver both call these functions."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import orjson
+from sqlalchemy import select, update
+
+from batchwright.batches import lifecycle
+from batchwright.config import Settings, get_settings
+from batchwright.db.models import Batch, BatchRequest
+from batchwright.db.session import session_scope
+from batchwright.engine.types import GenResult
+from batchwright.registry import ModelSpec, Registry, load_registry
+from batchwright.worker.claims import Lease
+from batchwright.worker.dispatch import FINALIZE, PROCESS, VALIDATE, get_dispatcher
+from batchwright.worker.results import write_results
+
+if TYPE_CHECKING:
+    from batchwright.engine.runtime import Engine
+
+# Set by SIGTERM handling (Celery's worker_shutting_down): stop claiming, finish what is held.
+SHUTDOWN = threading.Event()
+FLUSH_EVERY = 32
+FLUSH_SECONDS = 0.5
+
+_engines: dict[str, Engine] = {}
+
+
+def engine_for(spec: ModelSpec) -> Engine:
+    """One loaded model per process, loaded on first use (never at import or fork)."""
+    if spec.name not in _engines:
+        from batchwright.engine.runtime import Engine
+
+        _engines.clear()  # one model resident at a time
+        _engines[spec.name] = Engine.load(spec)
+    return _engines[spec.name]
+
+
+def validate_batch(batch_id: str, registry: Registry | None = None) -> None:
+    settings = get_settings()
+    with session_scope() as session:
+        batch = lifecycle.lock(session, batch_id)
+        if batch is not None:
+            lifecycle.validate(session, batch, registry or load_registry(settings), settings)
+
+
+def finalize_batch(batch_id: str) -> None:
+    with session_scope() as session:
+        batch = lifecycle.lock(session, batch_id)
+        if batch is not None:
+            lifecycle.finalize(session, batch, get_settings())
+
+
+def process(
+    model: str,
+    registry: Registry | None = None,
+    engine_provider: Callable[[ModelSpec], Engine] = engine_for,
+    on_results: Callable[[int], None] | None = None,
+) -> int:
+    """Generate for queued rows of `model` until none are left or the time slice ends."""
+    settings = get_settings()
+    spec = (registry or load_registry(settings)).get(model)
+    if spec is None:
+        return 0
+    engine = engine_provider(spec)
+    landed = 0
+    with Lease(model, settings, SHUTDOWN) as lease:
+        buffer: list[GenResult] = []
+        last = time.monotonic()
+        for result in engine.run(lease.requests()):
+            buffer.append(result)
+            if len(buffer) >= FLUSH_EVERY or time.monotonic() - last >= FLUSH_SECONDS:
+                landed += _flush(lease.token, buffer, on_results)
+                buffer, last = [], time.monotonic()
+        landed += _flush(lease.token, buffer, on_results)
+    if lease.more_work and not SHUTDOWN.is_set():
+        get_dispatcher().send(PROCESS, model)
+    return landed
+
+
+def _flush(token: str, buffer: list[GenResult], on_results: Callable[[int], None] | None) -> int:
+    if not buffer:
+        return 0
+    with session_scope() as session:
+        landed = write_results(session, token, buffer)
+    if on_results is not None:
+        on_results(landed)
+    return landed
+
+
+def sweep() -> dict[str, int]:
+    """Re-drive what a crash, a lost message or a dead worker left behind."""
+    settings = get_settings()
+    now = time.time()
+    stats = {"requeued": 0, "exhausted": 0, "redriven": 0}
+    dispatcher = get_dispatcher()
+    with session_scope() as session:
+        stats["requeued"] = session.execute(
+            update(BatchRequest)
+            .where(BatchRequest.state == "running", BatchRequest.lease_expires_at < now)
+            .values(state="queued", lease_token=None, lease_expires_at=None)
+        ).rowcount  # type: ignore[attr-defined]
+        exhausted = list(
+            session.scalars(
+                select(BatchRequest).where(
+                    BatchRequest.state == "queued",
+                    BatchRequest.attempts >= settings.max_attempts,
+                )
+            )
+        )
+        for row in exhausted:
+            row.state, row.status_code = "failed", 500
+            reason = orjson.loads(row.error)["message"] if row.error else "unknown error"
+            row.error = orjson.dumps(
+                {"message": f"Failed after {row.attempts} attempts. Last error: {reason}",
+                 "type": "server_error", "param": None, "code": "max_attempts_exceeded"}
+            ).decode()
+            session.execute(
+                update(Batch).where(Batch.id == row.batch_id).values(failed=Batch.failed + 1)
+            )
+        stats["exhausted"] = len(exhausted)
+        batches = session.execute(
+            select(Batch.id, Batch.status, Batch.model, Batch.updated_at, Batch.expires_at).where(
+                Batch.status.in_(("validating", "in_progress", "finalizing", "cancelling"))
+            )
+        ).all()
+    models: set[str] = set()
+    for batch_id, status, model, updated_at, expires_at in batches:
+        stale = now - updated_at > settings.sweep_interval_seconds
+        expired = expires_at is not None and now >= expires_at
+        if status == "validating" and stale and not expired:
+            dispatcher.send(VALIDATE, batch_id)
+        elif status == "in_progress" and model and not expired:
+            models.add(model)
+            dispatcher.send(FINALIZE, batch_id)  # a no-op while lines remain
+        else:
+            dispatcher.send(FINALIZE, batch_id)
+        stats["redriven"] += 1
+    for model in models:
+        dispatcher.send(PROCESS, model)
+    return stats
