@@ -1,0 +1,267 @@
+"""Throughput of the batchwright engine against plain transformers generation.
+
+Prints generated tokens/s for the engine on heterogeneous requests, and ratios against:
+(a) a loop of `model.generate` per request, (b) `generate` on padded static batches of
+max_rows requests, (c) the engine on a homogeneous batch with the same token counts.
+
+    .venv/bin/python bench/engine_bench.py            # CPU, 256 requests
+    .venv/bin/python bench/engine_bench.py --quick    # smoke run
+    .venv/bin/python bench/engine_bench.py --gpu      # Qwen2.5-0.5B-shaped model, bf16 on CUDA
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import resource
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from batchwright.engine.demo import EOS_TOKEN, build_demo_model, build_tokenizer
+from batchwright.engine.runtime import Engine
+from batchwright.engine.types import GenRequest
+from batchwright.registry import ModelSpec
+
+H200_BW = 4.8e12
+
+
+def build_gpu_model(path: Path) -> Path:
+    """Qwen2.5-0.5B shapes with random bf16 weights (no download possible)."""
+    tok = build_tokenizer(1000)
+    eos = int(tok.convert_tokens_to_ids(EOS_TOKEN))  # type: ignore[arg-type]
+    config = Qwen2Config(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        torch_dtype="bfloat16",
+    )
+    with torch.device("cuda"):
+        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    del model
+    torch.cuda.empty_cache()
+    return path
+
+
+def make_requests(n: int, vocab: int, eos: int, rng: random.Random, *, scale: float) -> list[Any]:
+    """Heterogeneous bodies: prompt lengths 8-256, max_tokens 8-128, mixed parameters."""
+    out = []
+    for i in range(n):
+        plen = rng.randint(8, int(256 * scale))
+        prompt = [rng.randrange(1, vocab) for _ in range(plen)]
+        body: dict[str, Any] = {
+            "model": "bench",
+            "prompt": prompt,
+            "max_tokens": rng.randint(8, int(128 * scale)),
+            "temperature": rng.choice([0.0, 0.7, 1.0]),
+            "top_p": rng.choice([1.0, 0.9]),
+            "seed": i,
+            # EOS banned so every system generates exactly max_tokens (comparable work).
+            "logit_bias": {str(eos): -100},
+        }
+        if i % 4 == 1:
+            body["presence_penalty"] = 0.5
+            body["frequency_penalty"] = 0.3
+        if i % 5 == 2:
+            body["stop"] = ["\n\n", "zzz"]
+        if i % 7 == 3:
+            body["logprobs"] = 2
+        out.append(body)
+    return out
+
+
+def run_engine(engine: Engine, bodies: list[dict[str, Any]]) -> tuple[int, float]:
+    reqs = [GenRequest(i, b) for i, b in enumerate(bodies)]
+    sync()
+    t = time.perf_counter()
+    tokens = 0
+    for res in engine.run(reqs):
+        assert res.status_code == 200, res.error
+        tokens += res.completion_tokens
+    sync()
+    return tokens, time.perf_counter() - t
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def hf_kwargs(body: dict[str, Any], eos: int) -> dict[str, Any]:
+    n = body["max_tokens"]
+    kw: dict[str, Any] = {"max_new_tokens": n, "min_new_tokens": n, "pad_token_id": eos}
+    if body["temperature"] > 0:
+        kw.update(do_sample=True, temperature=body["temperature"], top_p=body["top_p"])
+    else:
+        kw.update(do_sample=False)
+    return kw
+
+
+@torch.inference_mode()
+def run_hf_loop(
+    model: Any, bodies: list[dict[str, Any]], eos: int, device: str
+) -> tuple[int, float]:
+    sync()
+    t = time.perf_counter()
+    tokens = 0
+    for b in bodies:
+        x = torch.tensor([b["prompt"]], device=device)
+        out = model.generate(x, attention_mask=torch.ones_like(x), **hf_kwargs(b, eos))
+        tokens += out.shape[1] - x.shape[1]
+    sync()
+    return tokens, time.perf_counter() - t
+
+
+@torch.inference_mode()
+def run_hf_static(
+    model: Any, bodies: list[dict[str, Any]], eos: int, device: str, rows: int
+) -> tuple[int, float]:
+    """Padded static batches: each batch runs until its longest request is done."""
+    sync()
+    t = time.perf_counter()
+    useful = 0
+    for s in range(0, len(bodies), rows):
+        group = bodies[s : s + rows]
+        width = max(len(b["prompt"]) for b in group)
+        ids = torch.full((len(group), width), eos, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, b in enumerate(group):
+            ids[i, width - len(b["prompt"]) :] = torch.tensor(b["prompt"])
+            mask[i, width - len(b["prompt"]) :] = 1
+        n = max(b["max_tokens"] for b in group)
+        model.generate(
+            ids.to(device),
+            attention_mask=mask.to(device),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=True,
+            temperature=1.0,
+            pad_token_id=eos,
+        )
+        useful += sum(b["max_tokens"] for b in group)
+    sync()
+    return useful, time.perf_counter() - t
+
+
+def homogeneous(bodies: list[dict[str, Any]], eos: int) -> list[dict[str, Any]]:
+    plen = round(sum(len(b["prompt"]) for b in bodies) / len(bodies))
+    mt = round(sum(b["max_tokens"] for b in bodies) / len(bodies))
+    return [
+        {
+            "model": "bench",
+            "prompt": bodies[0]["prompt"][:1] * plen,
+            "max_tokens": mt,
+            "temperature": 0.0,
+            "logit_bias": {str(eos): -100},
+        }
+        for _ in bodies
+    ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="64 smaller requests")
+    ap.add_argument("--gpu", action="store_true", help="Qwen2.5-0.5B-shaped model on CUDA")
+    ap.add_argument("--requests", type=int, default=None)
+    ap.add_argument("--rows", type=int, default=None, help="max_rows (default 64; GPU 256)")
+    ap.add_argument("--loop-sample", type=int, default=None, help="requests timed for (a)")
+    args = ap.parse_args()
+
+    torch.set_grad_enabled(False)
+    rng = random.Random(0)
+    tmp = Path(tempfile.mkdtemp(prefix="bw-bench-"))
+    n = args.requests or (64 if args.quick else 256)
+    scale = 0.5 if args.quick else 1.0
+    if args.gpu:
+        device, rows = "cuda", args.rows or 256
+        path = build_gpu_model(tmp / "qwen-shape")
+        spec = ModelSpec(name="bench", path=path, device="cuda", max_rows=rows)
+    else:
+        device, rows = "cpu", args.rows or 64
+        path = build_demo_model(
+            tmp / "bench",
+            hidden_size=256,
+            layers=4,
+            heads=4,
+            intermediate_size=768,
+            max_position_embeddings=1024,
+            model_vocab_size=4096,
+        )
+        spec = ModelSpec(name="bench", path=path, max_rows=rows, max_batch_tokens=4096)
+    engine = Engine.load(spec)
+    model = engine.lm.model
+    eos = min(engine.lm.eos_ids)
+    vocab = engine.lm.vocab_size
+    params = sum(p.numel() for p in model.parameters())
+    print(
+        f"model: {type(model).__name__} {params / 1e6:.1f}M params, vocab {vocab}, "
+        f"{engine.lm.dtype} on {device}, max_rows {rows}, torch threads {torch.get_num_threads()}"
+    )
+    bodies = make_requests(n, vocab, eos, rng, scale=scale)
+    # Warm-up so one-time costs (allocator, kernels) do not land on the first measurement.
+    run_engine(engine, make_requests(4, vocab, eos, random.Random(1), scale=0.1))
+
+    tok, sec = run_engine(engine, bodies)
+    eng_tps = tok / sec
+    print(f"engine, {n} heterogeneous requests: {tok} tokens in {sec:.2f}s = {eng_tps:.1f} tok/s")
+
+    hom_tok, hom_sec = run_engine(engine, homogeneous(bodies, eos))
+    hom_tps = hom_tok / hom_sec
+    print(
+        f"(c) engine, homogeneous batch: {hom_tok} tokens in {hom_sec:.2f}s = {hom_tps:.1f} tok/s"
+    )
+
+    if args.gpu:
+        hf = model
+    else:
+        hf = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32, attn_implementation="sdpa"
+        ).eval()
+    st_tok, st_sec = run_hf_static(hf, bodies, eos, device, rows)
+    st_tps = st_tok / st_sec
+    print(
+        f"(b) HF generate, static batches of {rows}: {st_tok} useful tokens in {st_sec:.2f}s "
+        f"= {st_tps:.1f} tok/s"
+    )
+
+    sample = args.loop_sample or (16 if args.quick else 32)
+    lp_tok, lp_sec = run_hf_loop(hf, bodies[:sample], eos, device)
+    lp_tps = lp_tok / lp_sec
+    print(
+        f"(a) HF generate loop, first {sample} requests: {lp_tok} tokens in {lp_sec:.2f}s "
+        f"= {lp_tps:.1f} tok/s"
+    )
+
+    print(f"ratio engine/(a) loop:   {eng_tps / lp_tps:6.2f}x  (target >= 10)")
+    print(f"ratio engine/(b) static: {eng_tps / st_tps:6.2f}x  (target >= 2)")
+    print(f"ratio engine/(c) homog.: {eng_tps / hom_tps:6.2f}x  (target >= 0.8)")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS: {rss:.0f} MiB")
+    if args.gpu:
+        cfg = model.config
+        head_dim = cfg.hidden_size // cfg.num_attention_heads
+        kv_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 2
+        ctx = sum(len(b["prompt"]) + b["max_tokens"] / 2 for b in bodies) / len(bodies)
+        bound = rows * H200_BW / (2 * params + rows * ctx * kv_bytes)
+        print(
+            f"HBM bound at B={rows}, C={ctx:.0f}: {bound:.0f} tok/s; engine reaches "
+            f"{eng_tps / bound:.1%} (homogeneous {hom_tps / bound:.1%})"
+        )
+        print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+
+
+if __name__ == "__main__":
+    main()

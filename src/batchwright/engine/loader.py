@@ -1,0 +1,132 @@
+"""Load a registry model with transformers and compute its system_fingerprint."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from batchwright.engine.demo import build_demo_model
+from batchwright.registry import DEMO_MODEL, ModelSpec
+
+# Bump when a change in the engine can change outputs for the same weights and parameters.
+ENGINE_VERSION = "1"
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_FULL_HASH_LIMIT = 64 * 1024 * 1024
+_SAMPLE_BLOCK = 1024 * 1024
+_SAMPLES = 16
+
+
+@dataclass
+class LoadedModel:
+    model: Any
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+    dtype: torch.dtype
+    vocab_size: int  # rows of the output layer: valid token ids are below it
+    context_length: int
+    eos_ids: frozenset[int]
+    cache_kwarg: str  # "cache" (transformers ≥5) or "past_key_values"
+    has_logits_to_keep: bool
+    fingerprint: str
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"unsupported dtype {name!r}; use one of {sorted(_DTYPES)} or auto")
+    return _DTYPES[name]
+
+
+def _file_digest(path: Path) -> str:
+    """Content hash; big weight files are sampled (size + evenly spaced blocks + header).
+
+    Content rather than mtime so that the same weights copied to another host give the same
+    fingerprint, without reading many gigabytes at every worker start.
+    """
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with path.open("rb") as f:
+        if size <= _FULL_HASH_LIMIT:
+            h.update(f.read())
+        else:
+            for i in range(_SAMPLES + 1):
+                f.seek(min(size - _SAMPLE_BLOCK, i * (size - _SAMPLE_BLOCK) // _SAMPLES))
+                h.update(f.read(_SAMPLE_BLOCK))
+    return h.hexdigest()
+
+
+def fingerprint(path: Path, config: dict[str, Any]) -> str:
+    h = hashlib.sha256()
+    for f in sorted(path.iterdir()):
+        if f.is_file() and f.suffix in {".safetensors", ".bin", ".json", ".model", ".txt"}:
+            h.update(f.name.encode())
+            h.update(_file_digest(f).encode())
+    h.update(json.dumps(config, sort_keys=True).encode())
+    return "fp_" + h.hexdigest()[:10]
+
+
+def _eos_ids(model: Any, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    ids: set[int] = set()
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (gen_eos, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(v for v in value if isinstance(v, int))
+    return frozenset(ids)
+
+
+def load_model(spec: ModelSpec) -> LoadedModel:
+    path = Path(spec.path)
+    if spec.name == DEMO_MODEL and not (path / "config.json").exists():
+        build_demo_model(path)
+    device = resolve_device(spec.device)
+    dtype = resolve_dtype(spec.dtype, device)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    model.to(device)
+    model.eval()
+    text_config = model.config.get_text_config()
+    out = model.get_output_embeddings()
+    vocab = int(out.weight.shape[0]) if out is not None else int(text_config.vocab_size)
+    max_pos = int(getattr(text_config, "max_position_embeddings", 0) or 2048)
+    context = spec.context_length or max_pos
+    params = inspect.signature(model.forward).parameters
+    engine_config = {
+        "engine": ENGINE_VERSION,
+        "dtype": str(dtype),
+        "device": device.type,
+        "max_rows": spec.max_rows,
+        "max_batch_tokens": spec.max_batch_tokens,
+        "context_length": context,
+        "torch": ".".join(torch.__version__.split(".")[:2]),
+        "transformers": ".".join(transformers.__version__.split(".")[:2]),
+    }
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        device=device,
+        dtype=dtype,
+        vocab_size=vocab,
+        context_length=context,
+        eos_ids=_eos_ids(model, tokenizer),
+        cache_kwarg="cache" if "cache" in params else "past_key_values",
+        has_logits_to_keep="logits_to_keep" in params,
+        fingerprint=fingerprint(path, engine_config),
+    )

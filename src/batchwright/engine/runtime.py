@@ -1,0 +1,107 @@
+"""The engine the worker calls: `Engine.load(spec)` once, then `engine.run(requests)`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+from batchwright.engine.jobs import Job, PromptScores, prepare
+from batchwright.engine.loader import LoadedModel, load_model
+from batchwright.engine.result import build_result
+from batchwright.engine.types import GenRequest, GenResult
+from batchwright.registry import ModelSpec
+
+# Top-k over the prompt's positions is computed in slices of this many positions so the
+# float32 log-softmax of a long prompt never materialises at once.
+_SCORE_CHUNK = 256
+
+
+class Engine:
+    def __init__(self, lm: LoadedModel, spec: ModelSpec) -> None:
+        self.lm = lm
+        self.spec = spec
+        self.model_name = spec.name
+        self.system_fingerprint = lm.fingerprint
+        self.max_rows = max(1, spec.max_rows)
+        self.max_batch_tokens = max(1, spec.max_batch_tokens)
+        tok = lm.tokenizer
+        self._token_text = lru_cache(maxsize=1 << 16)(self._decode_one)
+        self._tok = tok
+
+    @classmethod
+    def load(cls, spec: ModelSpec) -> Engine:
+        return cls(load_model(spec), spec)
+
+    # --- text ----------------------------------------------------------------------------
+
+    def decode(self, ids: list[int]) -> str:
+        return str(
+            self._tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        )
+
+    def _decode_one(self, token: int) -> str:
+        return self.decode([token])
+
+    def token_text(self, token: int) -> str:
+        return str(self._token_text(token))
+
+    # --- requests ------------------------------------------------------------------------
+
+    def prepare(self, greq: GenRequest) -> Job | GenResult:
+        return prepare(
+            greq,
+            self._tok,
+            self.decode,
+            vocab_size=self.lm.vocab_size,
+            context_length=self.lm.context_length,
+            eos_ids=self.lm.eos_ids,
+        )
+
+    def result(self, job: Job) -> GenResult:
+        return build_result(
+            job,
+            model=self.model_name,
+            fingerprint=self.system_fingerprint,
+            decode=self.decode,
+            tok=self.token_text,
+        )
+
+    def run(self, requests: Iterable[GenRequest]) -> Iterator[GenResult]:
+        from batchwright.engine.scheduler import Scheduler
+
+        return Scheduler(self).run(requests)
+
+    # --- model ---------------------------------------------------------------------------
+
+    def forward_last(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        """Logits [rows, vocab] at each row's last position, extending `cache` in place."""
+        kwargs: dict[str, Any] = {self.lm.cache_kwarg: cache, "use_cache": True}
+        if self.lm.has_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        out = self.lm.model(input_ids=ids, attention_mask=mask, position_ids=positions, **kwargs)
+        logits: torch.Tensor = out.logits[:, -1, :]
+        return logits
+
+    @torch.inference_mode()
+    def score_prompt(self, ids: list[int], k: int) -> PromptScores:
+        """Logprob of each prompt token given its prefix (None for the first) and top-k."""
+        x = torch.tensor([ids], device=self.lm.device)
+        logits = self.lm.model(input_ids=x, use_cache=False).logits[0, :-1]
+        lps: list[float | None] = [None]
+        tops: list[list[tuple[int, float]] | None] = [None]
+        target = x[0, 1:]
+        for s in range(0, logits.shape[0], _SCORE_CHUNK):
+            lp = torch.log_softmax(logits[s : s + _SCORE_CHUNK].float(), dim=-1)
+            lps.extend(lp.gather(1, target[s : s + _SCORE_CHUNK, None])[:, 0].tolist())
+            if k > 0:
+                vals, idx = lp.topk(k, dim=-1)
+                for row_ids, row_vals in zip(idx.tolist(), vals.tolist(), strict=True):
+                    tops.append(list(zip(row_ids, row_vals, strict=True)))
+            else:
+                tops.extend([] for _ in range(lp.shape[0]))
+        return lps, tops

@@ -1,0 +1,233 @@
+"""Continuous batching: one decode loop over the model's forward with a shared KV cache.
+
+Each iteration admits waiting candidates into free rows (prefilled together, left-padded,
+then merged into the batch cache), runs one decode step for every row, and drops rows
+that finished. Requests are pulled from the caller's iterable only when a row is free.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from batchwright.engine.jobs import Job, Seq
+from batchwright.engine.kvcache import BatchCache, empty_batch, new_cache
+from batchwright.engine.sampling import BatchSampler, RowParams, StepOut, update_counts
+from batchwright.engine.types import GenRequest, GenResult
+
+if TYPE_CHECKING:
+    from batchwright.engine.runtime import Engine
+
+
+@dataclass(eq=False)
+class _Unit:
+    """Candidates of one prompt admitted together: the prompt is prefilled once for all."""
+
+    job: Job
+    prompt_index: int
+    seqs: list[Seq]
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.job.prompts[self.prompt_index]
+
+
+# Parameters of a dead slot: greedy and plain, so it costs nothing extra to sample.
+_IDLE = RowParams(0.0, 1.0, 0.0, 0.0, {}, None, random.Random(0))
+
+
+class Scheduler:
+    def __init__(self, engine: Engine) -> None:
+        self.e = engine
+        dev = engine.lm.device
+        self.device = dev
+        self.vocab = engine.lm.vocab_size
+        self.batch = empty_batch(dev)
+        self.seqs: list[Seq | None] = []  # per slot; None = dead slot awaiting reuse
+        self.next_tokens = torch.zeros(0, dtype=torch.long, device=dev)
+        self.lengths = torch.zeros(0, dtype=torch.long, device=dev)  # cached tokens per row
+        self.counts = torch.zeros((0, self.vocab), device=dev)  # generated-token counts
+        self.sampler = BatchSampler([], self.vocab, dev)
+        self.alive = torch.zeros(0, dtype=torch.bool, device=dev)
+        self.pending: deque[_Unit] = deque()
+
+    @property
+    def live(self) -> int:
+        return sum(1 for s in self.seqs if s is not None)
+
+    def run(self, requests: Iterable[GenRequest]) -> Iterator[GenResult]:
+        it = iter(requests)
+        exhausted = False
+        while True:
+            units: list[_Unit] = []
+            free = self.e.max_rows - self.live
+            width = 0
+            while free > 0:
+                if not self.pending:
+                    if exhausted:
+                        break
+                    greq = next(it, None)
+                    if greq is None:
+                        exhausted = True
+                        break
+                    job = self.e.prepare(greq)
+                    if isinstance(job, GenResult):
+                        yield job
+                        continue
+                    if job.needs_prompt_scores:
+                        k = job.req.logprobs or 0
+                        job.prompt_scores = {
+                            i: self.e.score_prompt(p, k) for i, p in enumerate(job.prompts)
+                        }
+                    if job.done:
+                        yield self.e.result(job)
+                        continue
+                    for p in range(len(job.prompts)):
+                        seqs = [s for s in job.seqs if s.prompt_index == p]
+                        self.pending.append(_Unit(job, p, seqs))
+                unit = self.pending[0]
+                w = max(width, len(unit.prompt))
+                # max_batch_tokens bounds the padded prefill; a lone long prompt still runs.
+                if units and w * (len(units) + 1) > self.e.max_batch_tokens:
+                    break
+                if len(unit.seqs) > free:
+                    units.append(_Unit(unit.job, unit.prompt_index, unit.seqs[:free]))
+                    unit.seqs = unit.seqs[free:]
+                else:
+                    units.append(self.pending.popleft())
+                free -= len(units[-1].seqs)
+                width = w
+            if units:
+                yield from self._prefill(units)
+            self._maybe_compact()
+            if self.live:
+                yield from self._decode()
+            elif not units and not self.pending and exhausted:
+                return
+
+    @torch.inference_mode()
+    def _maybe_compact(self) -> None:
+        """Drop dead slots nobody is waiting for, and long all-padding column prefixes."""
+        dead = len(self.seqs) - self.live
+        wasted_rows = dead > 0 and not self.pending and 4 * dead >= len(self.seqs)
+        wasted_cols = self.batch.dead_prefix() >= max(64, self.batch.columns // 4)
+        if not (wasted_rows or wasted_cols) or not self.seqs:
+            return
+        keep = [i for i, s in enumerate(self.seqs) if s is not None]
+        rows = torch.tensor(keep, dtype=torch.long, device=self.device)
+        self.batch.compact(rows)
+        self.seqs = [self.seqs[i] for i in keep]
+        self.next_tokens = self.next_tokens.index_select(0, rows)
+        self.lengths = self.lengths.index_select(0, rows)
+        self.counts = self.counts.index_select(0, rows)
+        self._resample()
+
+    def _resample(self) -> None:
+        params = [s.params if s is not None else _IDLE for s in self.seqs]
+        self.sampler = BatchSampler(params, self.vocab, self.device)
+        self.alive = torch.tensor([s is not None for s in self.seqs], device=self.device)
+
+    @torch.inference_mode()
+    def _prefill(self, units: list[_Unit]) -> list[GenResult]:
+        dev = self.device
+        width = max(len(u.prompt) for u in units)
+        ids = torch.zeros((len(units), width), dtype=torch.long)
+        mask = torch.zeros((len(units), width), dtype=torch.long)
+        for i, u in enumerate(units):
+            n = len(u.prompt)
+            ids[i, width - n :] = torch.tensor(u.prompt)
+            mask[i, width - n :] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        positions = (mask.cumsum(1) - 1).clamp(min=0)
+        cache = new_cache()
+        logits = self.e.forward_last(ids, mask, positions, cache)
+        index = torch.tensor([i for i, u in enumerate(units) for _ in u.seqs], device=dev)
+        seqs = [s for u in units for s in u.seqs]
+        part = BatchCache(cache, mask)
+        if len(seqs) != len(units):
+            part = part.expand(index)
+            logits = logits.index_select(0, index)
+        sampler = BatchSampler([s.params for s in seqs], self.vocab, dev)
+        counts = torch.zeros((len(seqs), self.vocab), device=dev)
+        out = sampler.step(logits, None)
+        update_counts(counts, out.tokens)
+        done, keep = self._push(seqs, out)
+        if not keep:
+            return done
+        rows = torch.tensor(keep, device=dev)
+        if len(keep) != len(seqs):
+            part.select(rows)
+            counts = counts.index_select(0, rows)
+        new_tokens = torch.tensor([out.tokens[i] for i in keep], device=dev)
+        lens = torch.tensor([len(seqs[i].prompt) for i in keep], device=dev)
+        # New rows take dead slots first (written in place); the rest become new slots.
+        dead = [i for i, s in enumerate(self.seqs) if s is None][: len(keep)]
+        if dead:
+            n = len(dead)
+            head = BatchCache(part.cache, part.mask)
+            if n < len(keep):
+                head = part.expand(torch.arange(n, device=dev))
+            self.batch.fill(dead, head)
+            slots = torch.tensor(dead, device=dev)
+            self.next_tokens[slots] = new_tokens[:n]
+            self.lengths[slots] = lens[:n]
+            self.counts[slots] = counts[:n]
+            for slot, i in zip(dead, keep[:n], strict=True):
+                self.seqs[slot] = seqs[i]
+        if len(keep) > len(dead):
+            n = len(dead)
+            tail = part if n == 0 else part.expand(torch.arange(n, len(keep), device=dev))
+            self.batch.merge(tail)
+            self.seqs.extend(seqs[i] for i in keep[n:])
+            self.next_tokens = torch.cat([self.next_tokens, new_tokens[n:]])
+            self.lengths = torch.cat([self.lengths, lens[n:]])
+            self.counts = torch.cat([self.counts, counts[n:]])
+        self._resample()
+        return done
+
+    @torch.inference_mode()
+    def _decode(self) -> list[GenResult]:
+        # Dead slots run too (cheaper than reshaping the batch every step). Their new column
+        # is unmasked so no attention row is fully masked (SDPA would produce NaNs there).
+        mask = self.batch.append_column()
+        positions = torch.where(self.alive, self.lengths, 0)[:, None]
+        logits = self.e.forward_last(self.next_tokens[:, None], mask, positions, self.batch.cache)
+        self.lengths = self.lengths + 1
+        out = self.sampler.step(logits, self.counts)
+        update_counts(self.counts, out.tokens)
+        self.next_tokens = torch.tensor(out.tokens, device=self.device)
+        done, keep = self._push(self.seqs, out)
+        kept = set(keep)
+        finished = [i for i, s in enumerate(self.seqs) if s is not None and i not in kept]
+        if finished:
+            for i in finished:
+                self.seqs[i] = None
+            self.batch.kill(finished)
+            self.counts[finished] = 0
+            self._resample()
+        return done
+
+    def _push(self, seqs: Sequence[Seq | None], out: StepOut) -> tuple[list[GenResult], list[int]]:
+        """Record one token per live row; results of jobs now complete, rows still running."""
+        done: list[GenResult] = []
+        keep: list[int] = []
+        for i, seq in enumerate(seqs):
+            if seq is None:
+                continue
+            top = None
+            k = seq.params.logprobs
+            if k is not None and out.top_ids is not None and out.top_logprobs is not None:
+                top = list(zip(out.top_ids[i][:k], out.top_logprobs[i][:k], strict=True))
+            elif k is not None:
+                top = []
+            if seq.push(out.tokens[i], out.chosen_logprobs[i], top):
+                if seq.job.done:
+                    done.append(self.e.result(seq.job))
+            else:
+                keep.append(i)
+        return done, keep

@@ -1,0 +1,254 @@
+"""The /v1/completions request and response models. Torch-free: the API validates with it.
+
+`check_completion_body` turns a batch line's body into either a `CompletionRequest` or an
+OpenAI error object that names the parameter and what is wrong with its value.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from batchwright.protocol.base import OpenAIBaseModel
+
+PromptType = str | list[str] | list[int] | list[list[int]]
+
+# Every create parameter OpenAI documents for /v1/completions. `suffix`, `stream` and
+# `stream_options` are known (so they get a precise message) but not supported in a batch.
+KNOWN_PARAMS = frozenset(
+    {
+        "model",
+        "prompt",
+        "best_of",
+        "echo",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "max_tokens",
+        "n",
+        "presence_penalty",
+        "seed",
+        "stop",
+        "stream",
+        "stream_options",
+        "suffix",
+        "temperature",
+        "top_p",
+        "user",
+    }
+)
+_NOT_IN_BATCH = "is not supported in a batch: /v1/completions lines run to completion server-side"
+
+_INT64 = 2**63
+
+
+class CompletionRequest(BaseModel):
+    """A batch line body for /v1/completions, with OpenAI's defaults and ranges."""
+
+    # strict: "1" is not a number and true is not 1, as in OpenAI's API.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str
+    prompt: PromptType
+    max_tokens: int = Field(default=16, ge=0)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, ge=0.0, le=1.0)
+    n: int = Field(default=1, ge=1, le=128)
+    best_of: int | None = Field(default=None, ge=1, le=20)
+    stop: str | list[str] | None = None
+    echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = Field(default=None, ge=-_INT64, lt=_INT64)
+    user: str | None = None
+    suffix: str | None = None
+    stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_empty(cls, v: PromptType) -> PromptType:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("prompt must not be an empty list")
+            for item in v:
+                if isinstance(item, list) and not item:
+                    raise ValueError("a token-id prompt must not be an empty list")
+                if isinstance(item, int) and item < 0:
+                    raise ValueError(f"token ids must be non-negative, got {item}")
+                if isinstance(item, list) and any(t < 0 for t in item):
+                    raise ValueError("token ids must be non-negative")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_shape(cls, v: str | list[str] | None) -> str | list[str] | None:
+        items = [v] if isinstance(v, str) else (v or [])
+        if len(items) > 4:
+            raise ValueError(f"at most 4 stop sequences are allowed, got {len(items)}")
+        if any(s == "" for s in items):
+            raise ValueError("stop sequences must be non-empty strings")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias_shape(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (v or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"keys must be token ids (non-negative integers), got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"bias for token {key} is {bias}, outside the range -100 to 100")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v: str | None) -> str | None:
+        if v is not None:
+            raise ValueError(f"suffix {_NOT_IN_BATCH}")
+        return v
+
+    @field_validator("stream")
+    @classmethod
+    def _no_stream(cls, v: bool | None) -> bool | None:
+        if v:
+            raise ValueError(f"stream=true {_NOT_IN_BATCH}")
+        return v
+
+    @field_validator("stream_options")
+    @classmethod
+    def _no_stream_options(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:
+            raise ValueError(f"stream_options {_NOT_IN_BATCH}")
+        return v
+
+    @model_validator(mode="after")
+    def _best_of_vs_n(self) -> CompletionRequest:
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError(
+                f"best_of must be greater than or equal to n (got best_of={self.best_of}, "
+                f"n={self.n})"
+            )
+        return self
+
+    # Derived views the engine uses.
+    @property
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def candidates(self) -> int:
+        return self.best_of if self.best_of is not None else self.n
+
+
+def _error(message: str, param: str | None, code: str | None = None) -> dict[str, Any]:
+    return {"message": message, "type": "invalid_request_error", "param": param, "code": code}
+
+
+_UNION_TAGS = frozenset({"str", "int", "float", "list[str]", "list[int]", "list[list[int]]"})
+
+
+def _describe(err: Any) -> tuple[str, str | None]:
+    """One pydantic error → (message naming parameter and value, param)."""
+    # Union branch names (e.g. "list[int]") are pydantic's, not the client's: drop them.
+    loc = [str(p) for p in err.get("loc", ()) if str(p) not in _UNION_TAGS]
+    param = loc[0] if loc else None
+    where = ".".join(loc) if loc else "body"
+    value = err.get("input")
+    kind = err.get("type", "")
+    ctx = err.get("ctx") or {}
+    if kind == "missing":
+        return f"Missing required parameter: '{where}'.", param
+    if kind in ("less_than_equal", "less_than"):
+        limit = ctx.get("le", ctx.get("lt"))
+        return f"Invalid '{where}': {value!r} is greater than the maximum of {limit}.", param
+    if kind in ("greater_than_equal", "greater_than"):
+        limit = ctx.get("ge", ctx.get("gt"))
+        return f"Invalid '{where}': {value!r} is less than the minimum of {limit}.", param
+    if kind == "value_error":
+        msg = str(ctx.get("error", err.get("msg", "")))
+        if param is None:  # model-level check (best_of vs n)
+            param = "best_of" if "best_of" in msg else None
+        return f"Invalid '{where if loc else param or 'body'}': {msg}.", param
+    return f"Invalid '{where}': {value!r} is not valid ({err.get('msg', kind)}).", param
+
+
+def check_completion_body(body: object) -> tuple[CompletionRequest | None, dict[str, Any] | None]:
+    """Validate a batch line's body: (request, None) or (None, OpenAI error object)."""
+    if not isinstance(body, dict):
+        return None, _error("The request body must be a JSON object.", None, "invalid_body")
+    for key in body:
+        if key not in KNOWN_PARAMS:
+            return None, _error(f"Unrecognized request argument supplied: {key}", key)
+    try:
+        return CompletionRequest.model_validate(body), None
+    except ValidationError as exc:
+        errors = exc.errors()
+        # Prefer the error of the simplest union branch for prompt (several branches fail).
+        message, param = _describe(errors[0])
+        first = errors[0]
+        if tuple(first.get("loc", ()))[:1] == ("prompt",) and first.get("type") != "missing":
+            message = (
+                "Invalid 'prompt': expected a string, an array of strings, an array of token "
+                f"ids or an array of token-id arrays, non-empty ({_prompt_detail(errors)})."
+            )
+            param = "prompt"
+        return None, _error(message, param)
+
+
+def _prompt_detail(errors: list[Any]) -> str:
+    for err in errors:
+        if err.get("type") == "value_error":
+            return str((err.get("ctx") or {}).get("error", err.get("msg")))
+    return f"got {errors[0].get('input')!r}"[:200]
+
+
+# --- response objects -------------------------------------------------------------------
+
+
+class Logprobs(OpenAIBaseModel):
+    text_offset: list[int] | None = None
+    token_logprobs: list[float | None] | None = None
+    tokens: list[str] | None = None
+    top_logprobs: list[dict[str, float] | None] | None = None
+
+
+class CompletionChoice(OpenAIBaseModel):
+    finish_reason: Literal["stop", "length", "content_filter"]
+    index: int
+    logprobs: Logprobs | None = None
+    text: str
+
+
+class CompletionUsage(OpenAIBaseModel):
+    completion_tokens: int
+    prompt_tokens: int
+    total_tokens: int
+
+
+class Completion(OpenAIBaseModel):
+    id: str
+    choices: list[CompletionChoice]
+    created: int
+    model: str
+    object: Literal["text_completion"] = "text_completion"
+    system_fingerprint: str | None = None
+    usage: CompletionUsage | None = None
