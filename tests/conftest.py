@@ -58,7 +58,7 @@ def redis_url() -> str:
     import redis
 
     try:
-        redis.Redis.from_url(REDIS, socket_timeout=5).flushdb()
+        redis.Redis.from_url(REDIS, socket_timeout=5).ping()
     except Exception as exc:
         _unavailable("Redis", exc)
     return REDIS
@@ -80,6 +80,8 @@ def service_env(pg_url: str, redis_url: str, bw_home: Path) -> Iterator[dict[str
         **os.environ,
         "BATCHWRIGHT_DATABASE_URL": pg_url,
         "BATCHWRIGHT_BROKER_URL": redis_url,
+        # Own queue: several test runs may share this Redis without taking each other's work.
+        "BATCHWRIGHT_QUEUE": f"bw-test-{uuid.uuid4().hex[:8]}",
         "BATCHWRIGHT_HOME": str(bw_home),
         "BATCHWRIGHT_LEASE_SECONDS": "6",
         "BATCHWRIGHT_SWEEP_INTERVAL_SECONDS": "2",

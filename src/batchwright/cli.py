@@ -64,9 +64,10 @@ def worker(
     loglevel: Annotated[str, typer.Option()] = "INFO",
 ) -> None:
     """Run a Celery GPU worker: one process, model loaded once, solo pool."""
+    from batchwright.config import get_settings
     from batchwright.worker.celery_app import celery_app
 
-    argv = ["worker", "-P", "solo", "-Q", "batchwright", f"--loglevel={loglevel}",
+    argv = ["worker", "-P", "solo", "-Q", get_settings().queue, f"--loglevel={loglevel}",
             "--without-gossip", "--without-mingle"]
     if beat:
         argv += ["-B", "-s", os.path.join(os.environ.get("TMPDIR", "/tmp"), "bw-beat-schedule")]

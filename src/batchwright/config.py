@@ -20,6 +20,8 @@ class Settings(BaseSettings):
     database_url: str = ""
     # Empty broker URL means no Celery: work runs in-process (embedded default).
     broker_url: str = ""
+    # The Celery queue; deployments (or test runs) sharing one Redis use different names.
+    queue: str = "batchwright"
     home: Path = Field(default_factory=_default_home)
 
     # Model registry: a TOML/JSON file, or inline JSON; see registry.py.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from batchwright.api import errors, health
+from batchwright.api.guards import RejectNulInURL
 from batchwright.batches.endpoints import router as batches_router
 from batchwright.files.endpoints import router as files_router
 from batchwright.worker.dispatch import CeleryDispatcher, set_dispatcher
@@ -13,6 +14,7 @@ from batchwright.worker.dispatch import CeleryDispatcher, set_dispatcher
 def create_app() -> FastAPI:
     app = FastAPI(title="batchwright", version="0.1.0")
     errors.install(app)
+    app.add_middleware(RejectNulInURL)
     app.include_router(health.router)
     app.include_router(files_router)
     app.include_router(batches_router)

@@ -21,8 +21,9 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
 
 
-def new_id(prefix: str, nbytes: int = 12) -> str:
-    return f"{prefix}{secrets.token_hex(nbytes)}"
+def new_id(prefix: str, nbytes: int = 5) -> str:
+    """Time-ordered ids (microseconds, then randomness): lists page stably within a second."""
+    return f"{prefix}{time.time_ns() // 1000:014x}{secrets.token_hex(nbytes)}"
 
 
 def now() -> int:

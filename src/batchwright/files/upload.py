@@ -97,7 +97,9 @@ async def receive_upload(
 ) -> File:
     ctype, params = parse_options_header(request.headers.get("content-type", ""))
     if ctype != b"multipart/form-data" or b"boundary" not in params:
-        raise InvalidRequest("Send the file as multipart/form-data with a 'file' field.")
+        raise InvalidRequest(
+            "Send the file as multipart/form-data with a 'file' field.", param="file"
+        )
     length = request.headers.get("content-length")
     if length and length.isdigit() and int(length) > settings.max_upload_bytes + ENVELOPE_SLACK:
         raise PayloadTooLarge(f"File is larger than the {settings.max_upload_bytes} byte limit.")

@@ -14,7 +14,7 @@ celery_app.conf.update(
     task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,
     task_ignore_result=True,
-    task_default_queue="batchwright",
+    task_default_queue=settings.queue,
     broker_connection_retry_on_startup=True,
     # A redelivery after this is harmless (leases); it only bounds how long a lost
     # message stays lost before Redis hands it out again.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -11,7 +12,6 @@ import orjson
 from sqlalchemy import select, update
 
 from batchwright.config import Settings
-from batchwright.db.base import new_id
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.db.session import session_scope
 from batchwright.engine.types import GenRequest
@@ -24,7 +24,8 @@ class Lease:
         self.model = model
         self.settings = settings
         self.stop = stop
-        self.token = new_id("lease_", 12)
+        # Random, not time-ordered: it only has to be unique; 30 chars fits lease_token (40).
+        self.token = "lease_" + secrets.token_hex(12)
         self.deadline = time.monotonic() + settings.work_slice_seconds
         self.more_work = False  # stopped by the slice or a shutdown with rows still queued
         self._heartbeat_stop = threading.Event()

@@ -1,0 +1,66 @@
+"""`batchwright run FILE.jsonl`: no servers, SQLite, the demo model built on first use."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "completions.jsonl"
+
+
+def _run(path: Path, home: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHWRIGHT_")}
+    env["BATCHWRIGHT_HOME"] = str(home)
+    return subprocess.run(
+        [sys.executable, "-m", "batchwright.cli", "run", str(path), "--quiet"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+
+
+def test_run_example_file(tmp_path: Path) -> None:
+    src = tmp_path / "completions.jsonl"
+    shutil.copy(EXAMPLE, src)
+    home = tmp_path / "home"
+    done = _run(src, home)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (home / "models" / "demo" / "config.json").exists()  # built on first use
+    requests = [json.loads(x) for x in src.read_text().splitlines()]
+    out = [json.loads(x) for x in (tmp_path / "completions.output.jsonl").read_text().splitlines()]
+    assert not (tmp_path / "completions.errors.jsonl").exists()
+    assert [o["custom_id"] for o in out] == [r["custom_id"] for r in requests]
+    total_in = total_out = 0
+    for req, o in zip(requests, out, strict=True):
+        assert o["error"] is None and o["response"]["status_code"] == 200
+        body = o["response"]["body"]
+        assert body["object"] == "text_completion" and body["model"] == "demo"
+        assert len(body["choices"]) == req["body"].get("n", 1)
+        total_in += body["usage"]["prompt_tokens"]
+        total_out += body["usage"]["completion_tokens"]
+    assert "completed" in done.stdout
+    assert f"{total_in} input + {total_out} output" in done.stdout
+
+
+def test_run_with_bad_lines(tmp_path: Path) -> None:
+    src = tmp_path / "mixed.jsonl"
+    good = {"custom_id": "ok", "method": "POST", "url": "/v1/completions",
+            "body": {"model": "demo", "prompt": "hi", "max_tokens": 3}}
+    bad = {**good, "custom_id": "bad", "body": {**good["body"], "temperature": 7}}
+    src.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    done = _run(src, tmp_path / "home")
+    assert done.returncode == 0, done.stdout + done.stderr
+    errs = [json.loads(x) for x in (tmp_path / "mixed.errors.jsonl").read_text().splitlines()]
+    assert [e["custom_id"] for e in errs] == ["bad"]
+    assert errs[0]["response"]["body"]["error"]["param"] == "temperature"
+
+
+def test_run_invalid_file_fails_with_line_numbers(tmp_path: Path) -> None:
+    src = tmp_path / "broken.jsonl"
+    src.write_text('{"custom_id": "a", "method": "POST", "url": "/v1/completions", '
+                   '"body": {"model": "demo", "prompt": "x"}}\nnot json\n')
+    done = _run(src, tmp_path / "home")
+    assert done.returncode == 1
+    assert "line 2" in done.stdout and "invalid_json_line" in done.stdout
