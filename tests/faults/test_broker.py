@@ -28,23 +28,27 @@ def test_redis_flushed(fault: Stack) -> None:
     after the flush the batch only finishes if sends still reach the worker's queue."""
     client = fault.client()
     r = fault.redis()
-    requests = _lines("flush", 100, 48)
+    requests = _lines("flush", 300, 64)
     batch = submit(client, jsonl(requests))
     r.flushdb()  # the validate message is gone before any worker saw it
-    fault.worker(BATCHWRIGHT_WORK_SLICE_SECONDS="1")
+    worker = fault.worker(BATCHWRIGHT_WORK_SLICE_SECONDS="1")
     before = wait_progress(client, batch.id).request_counts.completed
     r.flushdb()  # mid-batch: queued and unacked messages, queue bindings, all gone
+    mark = len(worker.output())
     done = assert_batch_whole(fault, client, batch.id, [r["custom_id"] for r in requests])
     assert done.batch.status == "completed"
     assert len(done.out) == len(requests)
-    print(f"redis flushed: {before} lines done at the second flush, {len(done.out)} at the end")
+    resent = worker.output()[mark:].count("batchwright.process[")
+    assert resent > 0  # work after the flush came from messages sent after it
+    print(f"redis flushed: {before} lines done at the second flush, {len(done.out)} at the "
+          f"end, {resent} process log lines after the flush")
 
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server here")
 def test_redis_restarted(fault: Stack) -> None:
     client = fault.client()
     fault.worker(BATCHWRIGHT_WORK_SLICE_SECONDS="1")
-    requests = _lines("restart", 100, 48)
+    requests = _lines("restart", 300, 64)
     batch = submit(client, jsonl(requests))
     before = wait_progress(client, batch.id).request_counts.completed
     try:

@@ -1,0 +1,102 @@
+"""Postgres dropping every connection, mid-batch and mid-upload."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from tests.faults.checks import assert_batch_whole, attempts, wait_progress
+from tests.faults.conftest import Stack
+from tests.faults.test_workers import _lines
+from tests.helpers import jsonl, line, submit
+
+
+def test_postgres_connections_dropped_mid_batch(fault: Stack) -> None:
+    client = fault.client()
+    fault.worker()
+    requests = _lines("pgdrop", 200, 64)
+    batch = submit(client, jsonl(requests))
+    first = wait_progress(client, batch.id).request_counts.completed
+    killed = [fault.terminate_backends()]
+    second = wait_progress(client, batch.id, at_least=first + 16).request_counts.completed
+    killed.append(fault.terminate_backends())
+    done = assert_batch_whole(fault, client, batch.id, [r["custom_id"] for r in requests])
+    assert done.batch.status == "completed"
+    assert len(done.out) == len(requests)  # two drops cost retries, never a line
+    tries = attempts(fault, batch.id)
+    print(f"pg drop: killed {killed} connections at {first} and {second} lines done; "
+          f"attempts {tries}")
+
+
+def upload_body(boundary: str, filename: str, payload: bytes) -> tuple[bytes, bytes]:
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"'
+        "\r\nContent-Type: application/jsonl\r\n\r\n"
+    ).encode()
+    return head, f"\r\n--{boundary}--\r\n".encode()
+
+
+def big_jsonl(n: int, prefix: str) -> bytes:
+    pad = "x" * 900
+    return jsonl([line(f"{prefix}-{i}", {"prompt": f"{i} {pad}"}) for i in range(n)])
+
+
+def visible(client: Any, filename: str) -> list[Any]:
+    return [f for f in client.files.list(purpose="batch").data if f.filename == filename]
+
+
+def test_postgres_connections_dropped_mid_upload(fault: Stack) -> None:
+    client = fault.client()
+    name = f"pgdrop-{uuid.uuid4().hex[:8]}.jsonl"
+    payload = big_jsonl(5000, "up")  # ~5 MB: five 1 MB chunk rows
+    boundary = uuid.uuid4().hex
+    head, tail = upload_body(boundary, name, payload)
+    cut = 3 * 1024 * 1024
+
+    def body() -> Iterator[bytes]:
+        yield head
+        for i in range(0, cut, 256 * 1024):
+            yield payload[i : i + 256 * 1024]
+        time.sleep(0.5)  # the API has written chunk rows in its open transaction
+        body.killed = fault.terminate_backends()  # type: ignore[attr-defined]
+        for i in range(cut, len(payload), 256 * 1024):
+            yield payload[i : i + 256 * 1024]
+        yield tail
+
+    headers = {"Authorization": f"Bearer {fault.api_key}",
+               "Content-Type": f"multipart/form-data; boundary={boundary}"}
+    try:
+        resp = httpx.post(fault.api_url + "/v1/files", content=body(), headers=headers,
+                          timeout=60)
+        outcome = f"HTTP {resp.status_code}"
+        if resp.status_code == 200:
+            assert resp.json()["bytes"] == len(payload)  # succeeded: then it is whole
+        else:
+            assert 400 <= resp.status_code < 600
+            err = resp.json()["error"]
+            assert err["message"] and err["type"], err
+            outcome += f" {err['type']}: {err['message']}"
+    except httpx.TransportError as exc:  # the API answered early and closed the stream
+        outcome = f"transport error {exc!r}"
+
+    if not outcome.startswith("HTTP 200"):
+        assert visible(client, name) == []
+        assert fault.scalar("SELECT count(*) FROM files WHERE filename = %s", name) == 0
+    assert fault.scalar(
+        "SELECT count(*) FROM file_chunks c LEFT JOIN files f ON f.id = c.file_id "
+        "WHERE f.id IS NULL"
+    ) == 0
+
+    retry = client.files.create(file=(name, payload), purpose="batch")
+    assert retry.bytes == len(payload)
+    assert [f.id for f in visible(client, name)][-1:] == [retry.id] or retry.id in [
+        f.id for f in visible(client, name)
+    ]
+    assert client.files.content(retry.id).content == payload
+    print(f"pg drop mid-upload: {body.killed} connections killed, first try {outcome}; "  # type: ignore[attr-defined]
+          f"retry {retry.bytes} bytes ok")

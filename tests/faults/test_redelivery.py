@@ -1,0 +1,186 @@
+"""A task delivered twice, or run twice at once, does no harm (in-process, test database).
+
+The runner functions are what the Celery tasks call; here two threads call each of them
+at the same time, as two workers would after a redelivery (visibility timeout, a lost ack,
+a sweeper re-send racing the original message)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.faults.checks import assert_batch_whole, attempts
+from tests.faults.conftest import Stack
+from tests.faults.test_workers import _lines
+from tests.helpers import jsonl, submit
+
+
+class FakeEngine:
+    """Stands in for the model: a completion per request, a little time per request."""
+
+    def __init__(self, delay: float = 0.01) -> None:
+        self.delay = delay
+
+    def run(self, requests: Iterable[Any]) -> Iterator[Any]:
+        from batchwright.engine.types import GenResult
+
+        for req in requests:
+            time.sleep(self.delay)
+            completion = {
+                "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                "created": int(time.time()), "model": "demo", "system_fingerprint": "fake",
+                "choices": [{"index": 0, "text": "ok", "logprobs": None,
+                             "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+            }
+            yield GenResult(key=req.key, status_code=200, completion=completion,
+                            prompt_tokens=3, completion_tokens=2)
+
+
+@pytest.fixture
+def in_process(fault: Stack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Point this process's settings at the fault database, tasks queued in memory."""
+    from batchwright.config import get_settings
+    from batchwright.db.session import get_engine, get_sessionmaker
+    from batchwright.worker import dispatch
+
+    def reset() -> None:
+        get_settings.cache_clear()
+        get_sessionmaker.cache_clear()
+        get_engine.cache_clear()
+
+    for key, value in fault.env.items():
+        if key.startswith("BATCHWRIGHT_"):
+            monkeypatch.setenv(key, value)
+    reset()
+    inline = dispatch.InlineDispatcher()
+    monkeypatch.setattr(dispatch, "_dispatcher", inline)
+    yield inline
+    get_engine().dispose()
+    monkeypatch.undo()
+    reset()
+
+
+def _twice(fn: Callable[[], Any]) -> list[Any]:
+    """Run fn in two threads released together; re-raise the first error."""
+    start = threading.Barrier(2)
+    results: list[Any] = [None, None]
+    errors: list[BaseException] = []
+
+    def go(i: int) -> None:
+        start.wait()
+        try:
+            results[i] = fn()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def test_tasks_run_twice_at_once(fault: Stack, in_process: Any) -> None:
+    from batchwright.worker import runner
+
+    client = fault.client()
+    requests = _lines("twice", 60, 8)
+    batch = submit(client, jsonl(requests))
+
+    _twice(lambda: runner.validate_batch(batch.id))
+    rows = fault.scalar("SELECT count(*) FROM batch_requests WHERE batch_id = %s", batch.id)
+    assert rows == len(requests)
+    assert client.batches.retrieve(batch.id).status == "in_progress"
+
+    landed = _twice(lambda: runner.process("demo", engine_provider=lambda _: FakeEngine()))
+    assert sum(landed) == len(requests), landed
+    assert min(landed) > 0, f"one thread did all the work: {landed}"
+    assert attempts(fault, batch.id) == {1: len(requests)}
+    # And once more after the fact, as a late redelivery: nothing left to claim.
+    assert runner.process("demo", engine_provider=lambda _: FakeEngine()) == 0
+
+    _twice(lambda: runner.finalize_batch(batch.id))
+    _twice(lambda: runner.finalize_batch(batch.id))
+    files = fault.scalar(
+        "SELECT count(*) FROM files WHERE filename LIKE %s", f"{batch.id}_%"
+    )
+    assert files == 1, f"{files} output/error files for one batch"
+    done = assert_batch_whole(fault, client, batch.id, [r["custom_id"] for r in requests])
+    assert done.batch.status == "completed"
+    assert done.batch.usage.input_tokens == 3 * len(requests)
+    print(f"twice: process threads landed {landed}, one output file, "
+          f"completions {len(done.out)}")
+
+
+def test_late_write_after_lease_lost_is_dropped(fault: Stack, in_process: Any) -> None:
+    """A worker that stalls past its lease: the sweeper re-queues its rows, another run
+    completes them, and the stalled run's results are dropped, not written twice."""
+    from batchwright.worker import runner
+
+    client = fault.client()
+    requests = _lines("late", 20, 8)
+    batch = submit(client, jsonl(requests))
+    runner.validate_batch(batch.id)
+
+    stalled = threading.Event()
+    release = threading.Event()
+
+    class Stalling(FakeEngine):
+        def run(self, reqs: Iterable[Any]) -> Iterator[Any]:
+            held = list(reqs)  # claim everything, then stall
+            stalled.set()
+            release.wait(30)
+            yield from super().run(held)
+
+    out: list[int] = []
+    t = threading.Thread(
+        target=lambda: out.append(runner.process("demo", engine_provider=lambda _: Stalling()))
+    )
+    t.start()
+    assert stalled.wait(30)
+    # The lease runs out (the stalled thread's heartbeat keeps renewing it, so expire it
+    # by hand, as a frozen process would let it) and the sweeper re-queues the rows.
+    fault.sql("UPDATE batch_requests SET lease_expires_at = 0 WHERE batch_id = %s", batch.id)
+    assert runner.sweep()["requeued"] == len(requests)
+    assert runner.process("demo", engine_provider=lambda _: FakeEngine()) == len(requests)
+    release.set()
+    t.join(30)
+    assert out == [0], f"the stalled run wrote {out} results after losing its lease"
+    runner.finalize_batch(batch.id)
+    done = assert_batch_whole(fault, client, batch.id, [r["custom_id"] for r in requests])
+    assert done.batch.status == "completed"
+    assert attempts(fault, batch.id) == {2: len(requests)}
+
+
+def test_work_slice_gives_the_queue_back(fault: Stack, in_process: Any,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a 1 s slice a process run stops claiming and asks for a follow-up run."""
+    from batchwright.config import get_settings
+    from batchwright.worker import dispatch, runner
+
+    monkeypatch.setenv("BATCHWRIGHT_WORK_SLICE_SECONDS", "1")
+    get_settings.cache_clear()
+    client = fault.client()
+    requests = _lines("slice", 100, 8)
+    batch = submit(client, jsonl(requests))
+    runner.validate_batch(batch.id)
+    in_process.queue.clear()
+    started = time.monotonic()
+    landed = runner.process("demo", engine_provider=lambda _: FakeEngine(delay=0.05))
+    took = time.monotonic() - started
+    assert 0 < landed < len(requests), landed
+    assert took < 3, took
+    assert (dispatch.PROCESS, ("demo",)) in in_process.queue
+    while runner.process("demo", engine_provider=lambda _: FakeEngine(delay=0.0)):
+        pass
+    runner.finalize_batch(batch.id)
+    assert_batch_whole(fault, client, batch.id, [r["custom_id"] for r in requests])
