@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +44,7 @@ def _drain(dispatcher: InlineDispatcher, failures: list[BaseException]) -> None:
 
 
 def _run_queue(dispatcher: InlineDispatcher) -> None:
-    tasks = {VALIDATE: runner.validate_batch, PROCESS: runner.process, FINALIZE: runner.finalize_batch}
+    tasks: dict[str, Callable[..., object]] = {VALIDATE: runner.validate_batch, PROCESS: runner.process, FINALIZE: runner.finalize_batch}
     while dispatcher.queue:
         name, args = dispatcher.queue.popleft()
         tasks[name](*args)

@@ -21,15 +21,21 @@ def test_postgres_connections_dropped_mid_batch(fault: Stack) -> None:
     requests = _lines("pgdrop", 200, 64)
     batch = submit(client, jsonl(requests))
     first = wait_progress(client, batch.id).request_counts.completed
-    killed = [fault.terminate_backends()]
-    second = wait_progress(client, batch.id, at_least=first + 16).request_counts.completed
-    killed.append(fault.terminate_backends())
+    # A burst of drops, so some land inside a claim, a result write or a heartbeat (a lone
+    # drop mostly hits idle pooled connections, which pre_ping replaces unnoticed).
+    killed = []
+    for _ in range(12):
+        killed.append(fault.terminate_backends())
+        time.sleep(0.25)
+    second = client.batches.retrieve(batch.id).request_counts.completed
     done = assert_batch_whole(fault, client, batch.id, [r["custom_id"] for r in requests])
     assert done.batch.status == "completed"
-    assert len(done.out) == len(requests)  # two drops cost retries, never a line
     tries = attempts(fault, batch.id)
-    print(f"pg drop: killed {killed} connections at {first} and {second} lines done; "
-          f"attempts {tries}")
+    # A line fails only if drops hit it max_attempts (3) times; it then says so.
+    for e in done.errs:
+        assert e["response"]["body"]["error"]["code"] == "max_attempts_exceeded", e
+    print(f"pg drop: killed {killed} connections between {first} and {second} lines done; "
+          f"attempts {tries}, {len(done.out)} ok, {len(done.errs)} failed")
 
 
 def upload_body(boundary: str, filename: str, payload: bytes) -> tuple[bytes, bytes]:

@@ -19,7 +19,7 @@ T = TypeVar("T", bound=Paged)
 def page(
     session: Session,
     model: type[T],
-    query: Select[tuple[T]],
+    query: Select[Any],
     *,
     cursor: T | None,
     limit: int,
@@ -37,5 +37,5 @@ def page(
                 or_(created > cursor.created_at, and_(created == cursor.created_at, ident > cursor.id))
             )
     order = (created.desc(), ident.desc()) if desc else (created.asc(), ident.asc())
-    rows = list(session.scalars(query.order_by(*order).limit(limit + 1)))
+    rows: list[T] = list(session.scalars(query.order_by(*order).limit(limit + 1)))
     return rows[:limit], len(rows) > limit
