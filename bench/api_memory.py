@@ -53,8 +53,10 @@ class PeakRSS:
 
 def lines(n: int, line_bytes: int) -> Iterator[bytes]:
     for i in range(n):
-        head = (b'{"custom_id":"r%d","method":"POST","url":"/v1/completions",'
-                b'"body":{"model":"demo","max_tokens":4,"prompt":"' % i)
+        head = (
+            b'{"custom_id":"r%d","method":"POST","url":"/v1/completions",'
+            b'"body":{"model":"demo","max_tokens":4,"prompt":"' % i
+        )
         tail = b'"}}\n'
         yield head + b"w" * max(1, line_bytes - len(head) - len(tail)) + tail
 
@@ -104,19 +106,34 @@ def main() -> None:
     with psycopg.connect(ADMIN, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{db}"')
     url = ADMIN.rsplit("/", 1)[0] + "/" + db
-    env = {**os.environ, "BATCHWRIGHT_DATABASE_URL": url,
-           "BATCHWRIGHT_BROKER_URL": "redis://127.0.0.1:6379/7",
-           "BATCHWRIGHT_QUEUE": f"bench-{db}"}  # nobody consumes it: stages run by hand
+    env = {
+        **os.environ,
+        "BATCHWRIGHT_DATABASE_URL": url,
+        "BATCHWRIGHT_BROKER_URL": "redis://127.0.0.1:6379/7",
+        "BATCHWRIGHT_QUEUE": f"bench-{db}",
+    }  # nobody consumes it: stages run by hand
     run = [sys.executable, "-m", "batchwright.cli"]
     subprocess.run([*run, "db", "upgrade"], env=env, check=True, capture_output=True)
-    key = subprocess.run([*run, "keys", "create"], env=env, check=True, capture_output=True,
-                         text=True).stdout.strip().splitlines()[-1]
-    api = subprocess.Popen([*run, "serve", "--port", "8765"], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    key = (
+        subprocess.run(
+            [*run, "keys", "create"], env=env, check=True, capture_output=True, text=True
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    api = subprocess.Popen(
+        [*run, "serve", "--port", "8765"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     rows: list[tuple[str, float, float]] = []
     try:
-        http = httpx.Client(base_url="http://127.0.0.1:8765", timeout=600,
-                            headers={"Authorization": f"Bearer {key}"})
+        http = httpx.Client(
+            base_url="http://127.0.0.1:8765",
+            timeout=600,
+            headers={"Authorization": f"Bearer {key}"},
+        )
         for _ in range(100):
             try:
                 http.get("/healthz")
@@ -126,19 +143,33 @@ def main() -> None:
         size = sum(len(x) for x in lines(args.lines, args.line_bytes))
         t0 = time.perf_counter()
         with PeakRSS(api.pid) as peak:
-            resp = http.post("/v1/files", content=multipart(args.lines, args.line_bytes),
-                             headers={"content-type": "multipart/form-data; boundary=bnd"})
+            resp = http.post(
+                "/v1/files",
+                content=multipart(args.lines, args.line_bytes),
+                headers={"content-type": "multipart/form-data; boundary=bnd"},
+            )
         resp.raise_for_status()
         file_id = resp.json()["id"]
         rows.append(("upload (API)", peak.peak / 2**20, time.perf_counter() - t0))
 
-        batch = http.post("/v1/batches", json={"input_file_id": file_id, "endpoint":
-                                               "/v1/completions", "completion_window": "24h"})
+        batch = http.post(
+            "/v1/batches",
+            json={
+                "input_file_id": file_id,
+                "endpoint": "/v1/completions",
+                "completion_window": "24h",
+            },
+        )
         batch_id = batch.json()["id"]
         for stage, fn in (("validation (worker)", "validate_batch"),):
             t0 = time.perf_counter()
-            out = subprocess.run([sys.executable, "-c", CHILD, fn, batch_id], env=env,
-                                 check=True, capture_output=True, text=True)
+            out = subprocess.run(
+                [sys.executable, "-c", CHILD, fn, batch_id],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            )
             rows.append((stage, int(out.stdout.split()[-1]) / 2**20, time.perf_counter() - t0))
         assert http.get(f"/v1/batches/{batch_id}").json()["status"] == "in_progress"
 
@@ -146,18 +177,29 @@ def main() -> None:
             for statement in filter(str.strip, SYNTHETIC.split(";")):
                 conn.execute(statement, {"b": batch_id})  # type: ignore[call-overload]
         t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, "-c", CHILD, "finalize_batch", batch_id], env=env,
-                             check=True, capture_output=True, text=True)
-        rows.append(("output rendering (worker)", int(out.stdout.split()[-1]) / 2**20,
-                     time.perf_counter() - t0))
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, "finalize_batch", batch_id],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        rows.append(
+            (
+                "output rendering (worker)",
+                int(out.stdout.split()[-1]) / 2**20,
+                time.perf_counter() - t0,
+            )
+        )
         done = http.get(f"/v1/batches/{batch_id}").json()
         assert done["status"] == "completed", done
 
         t0 = time.perf_counter()
         got = 0
-        with PeakRSS(api.pid) as peak, http.stream(
-            "GET", f"/v1/files/{done['output_file_id']}/content"
-        ) as stream:
+        with (
+            PeakRSS(api.pid) as peak,
+            http.stream("GET", f"/v1/files/{done['output_file_id']}/content") as stream,
+        ):
             for chunk in stream.iter_bytes():
                 got += len(chunk)
         rows.append(("download (API)", peak.peak / 2**20, time.perf_counter() - t0))

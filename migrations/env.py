@@ -3,8 +3,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from batchwright.db.base import Base
 from batchwright.db import models  # noqa: F401  (registers tables)
+from batchwright.db.base import Base
 from batchwright.db.session import get_engine
 
 target_metadata = Base.metadata

@@ -91,8 +91,12 @@ def service_env(pg_url: str, redis_url: str, bw_home: Path) -> Iterator[dict[str
         "BATCHWRIGHT_MAX_UPLOAD_BYTES": str(16 * 1024 * 1024),
         # A second name for the same weights makes `mismatched_model` testable.
         "BATCHWRIGHT_MODELS": json.dumps(
-            {"models": {name: {"path": str(bw_home / "models" / "demo"), "max_rows": 16}
-                        for name in ("demo", "demo-b")}}
+            {
+                "models": {
+                    name: {"path": str(bw_home / "models" / "demo"), "max_rows": 16}
+                    for name in ("demo", "demo-b")
+                }
+            }
         ),
     }
     old = dict(os.environ)
@@ -218,7 +222,10 @@ def create_key(env: dict[str, str], project: str) -> str:
     """Through the real CLI command; the secret is the last line it prints."""
     out = subprocess.run(
         [sys.executable, "-m", "batchwright.cli", "keys", "create", "--project", project],
-        env=env, check=True, capture_output=True, text=True,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return out.stdout.strip().splitlines()[-1]
 

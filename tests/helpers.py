@@ -23,7 +23,9 @@ def jsonl(lines: list[dict[str, Any]]) -> bytes:
     return b"".join(json.dumps(x).encode() + b"\n" for x in lines)
 
 
-def wait_batch(client: Any, batch_id: str, timeout: float = 240, seen: list[Any] | None = None) -> Any:
+def wait_batch(
+    client: Any, batch_id: str, timeout: float = 240, seen: list[Any] | None = None
+) -> Any:
     end = time.monotonic() + timeout
     while True:
         batch = client.batches.retrieve(batch_id)

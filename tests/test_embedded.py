@@ -17,7 +17,10 @@ def _run(path: Path, home: Path) -> subprocess.CompletedProcess[str]:
     env["BATCHWRIGHT_HOME"] = str(home)
     return subprocess.run(
         [sys.executable, "-m", "batchwright.cli", "run", str(path), "--quiet"],
-        env=env, capture_output=True, text=True, timeout=600,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -46,8 +49,12 @@ def test_run_example_file(tmp_path: Path) -> None:
 
 def test_run_with_bad_lines(tmp_path: Path) -> None:
     src = tmp_path / "mixed.jsonl"
-    good = {"custom_id": "ok", "method": "POST", "url": "/v1/completions",
-            "body": {"model": "demo", "prompt": "hi", "max_tokens": 3}}
+    good = {
+        "custom_id": "ok",
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {"model": "demo", "prompt": "hi", "max_tokens": 3},
+    }
     bad = {**good, "custom_id": "bad", "body": {**good["body"], "temperature": 7}}
     src.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
     done = _run(src, tmp_path / "home")
@@ -59,8 +66,10 @@ def test_run_with_bad_lines(tmp_path: Path) -> None:
 
 def test_run_invalid_file_fails_with_line_numbers(tmp_path: Path) -> None:
     src = tmp_path / "broken.jsonl"
-    src.write_text('{"custom_id": "a", "method": "POST", "url": "/v1/completions", '
-                   '"body": {"model": "demo", "prompt": "x"}}\nnot json\n')
+    src.write_text(
+        '{"custom_id": "a", "method": "POST", "url": "/v1/completions", '
+        '"body": {"model": "demo", "prompt": "x"}}\nnot json\n'
+    )
     done = _run(src, tmp_path / "home")
     assert done.returncode == 1
     assert "line 2" in done.stdout and "invalid_json_line" in done.stdout

@@ -32,10 +32,13 @@ def run(
     table = Table(title=f"{batch.id} — {batch.status}", show_header=False)
     counts, usage = batch.request_counts, batch.usage
     table.add_row("model", str(batch.model))
-    table.add_row("requests", f"{counts.total} total, {counts.completed} completed, "
-                  f"{counts.failed} failed")
-    table.add_row("usage", f"{usage.input_tokens} input + {usage.output_tokens} output = "
-                  f"{usage.total_tokens} tokens")
+    table.add_row(
+        "requests", f"{counts.total} total, {counts.completed} completed, {counts.failed} failed"
+    )
+    table.add_row(
+        "usage",
+        f"{usage.input_tokens} input + {usage.output_tokens} output = {usage.total_tokens} tokens",
+    )
     table.add_row("output", str(result.output_path or "-"))
     table.add_row("errors", str(result.error_path or "-"))
     console.print(table)
@@ -54,8 +57,9 @@ def serve(
     """Run the HTTP API (needs BATCHWRIGHT_DATABASE_URL and BATCHWRIGHT_BROKER_URL)."""
     import uvicorn
 
-    uvicorn.run("batchwright.api.app:create_app", factory=True, host=host, port=port,
-                workers=workers)
+    uvicorn.run(
+        "batchwright.api.app:create_app", factory=True, host=host, port=port, workers=workers
+    )
 
 
 @app.command()
@@ -67,8 +71,16 @@ def worker(
     from batchwright.config import get_settings
     from batchwright.worker.celery_app import celery_app
 
-    argv = ["worker", "-P", "solo", "-Q", get_settings().queue, f"--loglevel={loglevel}",
-            "--without-gossip", "--without-mingle"]
+    argv = [
+        "worker",
+        "-P",
+        "solo",
+        "-Q",
+        get_settings().queue,
+        f"--loglevel={loglevel}",
+        "--without-gossip",
+        "--without-mingle",
+    ]
     if beat:
         argv += ["-B", "-s", os.path.join(os.environ.get("TMPDIR", "/tmp"), "bw-beat-schedule")]
     celery_app.worker_main(argv)

@@ -24,7 +24,13 @@ from batchwright.files.service import new_file
 from batchwright.files.storage import ChunkWriter, iter_chunks
 from batchwright.protocol.batches import BatchObject, CreateBatch
 from batchwright.worker import runner
-from batchwright.worker.dispatch import FINALIZE, PROCESS, VALIDATE, InlineDispatcher, set_dispatcher
+from batchwright.worker.dispatch import (
+    FINALIZE,
+    PROCESS,
+    VALIDATE,
+    InlineDispatcher,
+    set_dispatcher,
+)
 
 READ_BYTES = 1024 * 1024
 
@@ -44,7 +50,11 @@ def _drain(dispatcher: InlineDispatcher, failures: list[BaseException]) -> None:
 
 
 def _run_queue(dispatcher: InlineDispatcher) -> None:
-    tasks: dict[str, Callable[..., object]] = {VALIDATE: runner.validate_batch, PROCESS: runner.process, FINALIZE: runner.finalize_batch}
+    tasks: dict[str, Callable[..., object]] = {
+        VALIDATE: runner.validate_batch,
+        PROCESS: runner.process,
+        FINALIZE: runner.finalize_batch,
+    }
     while dispatcher.queue:
         name, args = dispatcher.queue.popleft()
         tasks[name](*args)
@@ -95,8 +105,11 @@ def run_file(input_path: Path, *, show_progress: bool = True) -> RunResult:
         target=_drain, args=(dispatcher, failures), name="embedded-worker", daemon=True
     )
     with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), disable=not show_progress,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        disable=not show_progress,
     ) as progress:
         task = progress.add_task("validating", total=None)
         worker.start()
@@ -105,8 +118,12 @@ def run_file(input_path: Path, *, show_progress: bool = True) -> RunResult:
             with session_scope() as session:
                 b = session.get(Batch, batch_id)
                 assert b is not None
-                progress.update(task, description=b.status, total=b.total or None,
-                                completed=b.completed + b.failed)
+                progress.update(
+                    task,
+                    description=b.status,
+                    total=b.total or None,
+                    completed=b.completed + b.failed,
+                )
     if failures:
         raise failures[0]
     with session_scope() as session:

@@ -10,9 +10,7 @@ class APIError(Exception):
     type = "server_error"
     code: str | None = None
 
-    def __init__(
-        self, message: str, *, param: str | None = None, code: str | None = None
-    ) -> None:
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param

@@ -32,14 +32,21 @@ def test_auth_required(api_url: str) -> None:
 def test_revoked_key_is_refused(api_url: str, service_env: dict[str, str]) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "batchwright.cli", "keys", "create", "--project", "revoke-me"],
-        env=service_env, check=True, capture_output=True, text=True,
+        env=service_env,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     secret = out.stdout.strip().splitlines()[-1]
     key_id = out.stderr.split("key id:")[1].split()[0]
     auth = {"Authorization": f"Bearer {secret}"}
     assert httpx.get(api_url + "/v1/batches", headers=auth).status_code == 200
-    subprocess.run([sys.executable, "-m", "batchwright.cli", "keys", "revoke", key_id],
-                   env=service_env, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "batchwright.cli", "keys", "revoke", key_id],
+        env=service_env,
+        check=True,
+        capture_output=True,
+    )
     _envelope(httpx.get(api_url + "/v1/batches", headers=auth), 401)
 
 
@@ -65,8 +72,9 @@ def test_other_projects_ids_are_404(client: OpenAI, api_url: str, other_key: str
     with pytest.raises(NotFoundError):
         other.files.delete(batch.input_file_id)
     with pytest.raises(NotFoundError):
-        other.batches.create(input_file_id=batch.input_file_id, endpoint="/v1/completions",
-                             completion_window="24h")
+        other.batches.create(
+            input_file_id=batch.input_file_id, endpoint="/v1/completions", completion_window="24h"
+        )
     assert batch.id not in [b.id for b in other.batches.list().data]
     assert batch.input_file_id not in [f.id for f in other.files.list().data]
     wait_batch(client, batch.id)
@@ -76,8 +84,12 @@ def test_file_crud_and_pagination(client: OpenAI) -> None:
     data = jsonl([line("f")])
     ids = [client.files.create(file=(f"f{i}.jsonl", data), purpose="batch").id for i in range(3)]
     got = client.files.retrieve(ids[0])
-    assert (got.filename, got.purpose, got.bytes, got.object) == ("f0.jsonl", "batch",
-                                                                  len(data), "file")
+    assert (got.filename, got.purpose, got.bytes, got.object) == (
+        "f0.jsonl",
+        "batch",
+        len(data),
+        "file",
+    )
     assert client.files.content(ids[1]).content == data
     page = client.files.list(limit=2, order="desc", purpose="batch")
     assert len(page.data) == 2 and page.has_more
@@ -114,18 +126,45 @@ def test_models_and_health(http: httpx.Client) -> None:
     ("body", "param"),
     [
         ({"endpoint": "/v1/completions", "completion_window": "24h"}, "input_file_id"),
-        ({"input_file_id": "file-x", "endpoint": "/v1/embeddings", "completion_window": "24h"},
-         "endpoint"),
-        ({"input_file_id": "file-x", "endpoint": "/v1/completions", "completion_window": "1h"},
-         "completion_window"),
-        ({"input_file_id": 5, "endpoint": "/v1/completions", "completion_window": "24h"},
-         "input_file_id"),
-        ({"input_file_id": "f", "endpoint": "/v1/completions", "completion_window": "24h",
-          "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
-        ({"input_file_id": "f", "endpoint": "/v1/completions", "completion_window": "24h",
-          "metadata": {"k": "v" * 513}}, "metadata"),
-        ({"input_file_id": "f", "endpoint": "/v1/completions", "completion_window": "24h",
-          "surprise": 1}, "surprise"),
+        (
+            {"input_file_id": "file-x", "endpoint": "/v1/embeddings", "completion_window": "24h"},
+            "endpoint",
+        ),
+        (
+            {"input_file_id": "file-x", "endpoint": "/v1/completions", "completion_window": "1h"},
+            "completion_window",
+        ),
+        (
+            {"input_file_id": 5, "endpoint": "/v1/completions", "completion_window": "24h"},
+            "input_file_id",
+        ),
+        (
+            {
+                "input_file_id": "f",
+                "endpoint": "/v1/completions",
+                "completion_window": "24h",
+                "metadata": {f"k{i}": "v" for i in range(17)},
+            },
+            "metadata",
+        ),
+        (
+            {
+                "input_file_id": "f",
+                "endpoint": "/v1/completions",
+                "completion_window": "24h",
+                "metadata": {"k": "v" * 513},
+            },
+            "metadata",
+        ),
+        (
+            {
+                "input_file_id": "f",
+                "endpoint": "/v1/completions",
+                "completion_window": "24h",
+                "surprise": 1,
+            },
+            "surprise",
+        ),
     ],
 )
 def test_create_batch_rejects(http: httpx.Client, body: dict[str, Any], param: str) -> None:
@@ -140,8 +179,11 @@ def test_create_batch_unknown_file_is_404(http: httpx.Client) -> None:
 
 def test_output_file_is_not_a_batch_input(client: OpenAI, http: httpx.Client) -> None:
     done = wait_batch(client, submit(client, jsonl([line("o")])).id)
-    body = {"input_file_id": done.output_file_id, "endpoint": "/v1/completions",
-            "completion_window": "24h"}
+    body = {
+        "input_file_id": done.output_file_id,
+        "endpoint": "/v1/completions",
+        "completion_window": "24h",
+    }
     assert _envelope(http.post("/v1/batches", json=body), 400)["param"] == "input_file_id"
 
 
@@ -151,25 +193,36 @@ def test_cancel_finished_batch_is_409(client: OpenAI, http: httpx.Client) -> Non
     _envelope(http.post(f"/v1/batches/{done.id}/cancel"), 409)
 
 
-@pytest.mark.parametrize("path", [
-    "/v1/batches/abc", "/v1/batches/batch_%00x", "/v1/files/%00", "/v1/files/" + "x" * 5000,
-    "/v1/files/file-nope/content", "/v1/batches?after=nope", "/v1/files?after=%00",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/batches/abc",
+        "/v1/batches/batch_%00x",
+        "/v1/files/%00",
+        "/v1/files/" + "x" * 5000,
+        "/v1/files/file-nope/content",
+        "/v1/batches?after=nope",
+        "/v1/files?after=%00",
+    ],
+)
 def test_odd_ids_are_4xx(http: httpx.Client, path: str) -> None:
     resp = http.get(path)
     assert 400 <= resp.status_code < 500, resp.text
     _envelope(resp, resp.status_code)
 
 
-@pytest.mark.parametrize(("query", "param"), [("limit=0", "limit"), ("limit=101", "limit"),
-                                              ("limit=abc", "limit")])
+@pytest.mark.parametrize(
+    ("query", "param"), [("limit=0", "limit"), ("limit=101", "limit"), ("limit=abc", "limit")]
+)
 def test_list_limits(http: httpx.Client, query: str, param: str) -> None:
     assert _envelope(http.get(f"/v1/batches?{query}"), 400)["param"] == param
 
 
 def test_bad_json_bodies(http: httpx.Client) -> None:
-    _envelope(http.post("/v1/batches", content=b"{nope", headers={"content-type":
-                                                                   "application/json"}), 400)
+    _envelope(
+        http.post("/v1/batches", content=b"{nope", headers={"content-type": "application/json"}),
+        400,
+    )
     deep = b"[" * 100_000 + b"]" * 100_000
     resp = http.post("/v1/batches", content=deep, headers={"content-type": "application/json"})
     assert 400 <= resp.status_code < 500, resp.text
@@ -178,14 +231,21 @@ def test_bad_json_bodies(http: httpx.Client) -> None:
 
 def test_upload_mistakes(http: httpx.Client) -> None:
     files = {"file": ("a.jsonl", jsonl([line("a")]))}
-    assert _envelope(http.post("/v1/files", files=files, data={"purpose": "fine-tune"}),
-                     400)["param"] == "purpose"
+    assert (
+        _envelope(http.post("/v1/files", files=files, data={"purpose": "fine-tune"}), 400)["param"]
+        == "purpose"
+    )
     assert _envelope(http.post("/v1/files", files=files), 400)["param"] == "purpose"
     assert _envelope(http.post("/v1/files", data={"purpose": "batch"}), 400)["param"] == "file"
-    _envelope(http.post("/v1/files", content=b"plain", headers={"content-type": "text/plain"}),
-              400)
-    _envelope(http.post("/v1/files", content=b"--x\r\ngarbage",
-                        headers={"content-type": "multipart/form-data; boundary=x"}), 400)
+    _envelope(http.post("/v1/files", content=b"plain", headers={"content-type": "text/plain"}), 400)
+    _envelope(
+        http.post(
+            "/v1/files",
+            content=b"--x\r\ngarbage",
+            headers={"content-type": "multipart/form-data; boundary=x"},
+        ),
+        400,
+    )
 
 
 def test_upload_over_limit_keeps_nothing(http: httpx.Client, service_env: dict[str, str]) -> None:
@@ -210,8 +270,9 @@ def test_upload_over_limit_keeps_nothing(http: httpx.Client, service_env: dict[s
             yield chunk
         yield b"\r\n--b--\r\n"
 
-    resp = http.post("/v1/files", content=body(),
-                     headers={"content-type": "multipart/form-data; boundary=b"})
+    resp = http.post(
+        "/v1/files", content=body(), headers={"content-type": "multipart/form-data; boundary=b"}
+    )
     assert _envelope(resp, 413)["code"] == "file_too_large"
     assert counts() == before
 
@@ -235,20 +296,29 @@ def test_non_utf8_fails_with_line_number(client: OpenAI) -> None:
 
 
 def test_deeply_nested_line(client: OpenAI) -> None:
-    nested = '{"custom_id":"d","method":"POST","url":"/v1/completions","body":{"model":"demo",' \
-             '"prompt":"x","user":' + "[" * 5000 + "]" * 5000 + "}}"
+    nested = (
+        '{"custom_id":"d","method":"POST","url":"/v1/completions","body":{"model":"demo",'
+        '"prompt":"x","user":' + "[" * 5000 + "]" * 5000 + "}}"
+    )
     done = wait_batch(client, submit(client, jsonl([line("ok")]) + nested.encode()).id)
     assert done.status == "failed"
     assert (done.errors.data[0].code, done.errors.data[0].line) == ("invalid_json_line", 2)
 
 
 def test_wrong_types_are_per_line(client: OpenAI) -> None:
-    rows = [line("a", {"max_tokens": "ten"}), line("b", {"stop": 5}), line("c", {"n": -1}),
-            line("d", {"echo": "yes"}), line("e")]
+    rows = [
+        line("a", {"max_tokens": "ten"}),
+        line("b", {"stop": 5}),
+        line("c", {"n": -1}),
+        line("d", {"echo": "yes"}),
+        line("e"),
+    ]
     done = wait_batch(client, submit(client, jsonl(rows)).id)
     assert done.status == "completed"
-    errs = {e["custom_id"]: e["response"]["body"]["error"]["param"]
-            for e in read_jsonl(client, done.error_file_id)}
+    errs = {
+        e["custom_id"]: e["response"]["body"]["error"]["param"]
+        for e in read_jsonl(client, done.error_file_id)
+    }
     assert errs == {"a": "max_tokens", "b": "stop", "c": "n", "d": "echo"}
 
 

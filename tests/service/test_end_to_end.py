@@ -15,8 +15,13 @@ def _requests() -> list[dict[str, Any]]:
         {"prompt": "echo me", "max_tokens": 0, "echo": True, "logprobs": 1},
         {"prompt": "stop early", "max_tokens": 20, "stop": ["e", "a"], "temperature": 0},
         {"prompt": "best of", "max_tokens": 5, "n": 1, "best_of": 3, "seed": 3},
-        {"prompt": "penalties", "max_tokens": 8, "presence_penalty": 1.5,
-         "frequency_penalty": 0.5, "top_p": 0.9},
+        {
+            "prompt": "penalties",
+            "max_tokens": 8,
+            "presence_penalty": 1.5,
+            "frequency_penalty": 0.5,
+            "top_p": 0.9,
+        },
     ]
     return [line(f"req-{i}", body) for i, body in enumerate(bodies * 3)]
 
@@ -77,14 +82,18 @@ def test_sdk_round_trip(client: Any) -> None:
 
 
 def test_counts_and_usage_move_while_running(client: Any) -> None:
-    requests = [line(f"live-{i}", {"max_tokens": 48, "temperature": 0.9, "seed": i})
-                for i in range(64)]
+    requests = [
+        line(f"live-{i}", {"max_tokens": 48, "temperature": 0.9, "seed": i}) for i in range(64)
+    ]
     batch = submit(client, jsonl(requests))
     seen: list[Any] = []
     done = wait_batch(client, batch.id, seen=seen)
     assert done.status == "completed"
-    partial = [b for b in seen if b.status == "in_progress"
-               and 0 < b.request_counts.completed < b.request_counts.total]
+    partial = [
+        b
+        for b in seen
+        if b.status == "in_progress" and 0 < b.request_counts.completed < b.request_counts.total
+    ]
     assert partial, "request_counts never showed progress before the end"
     assert any(0 < b.usage.output_tokens < done.usage.output_tokens for b in partial)
 

@@ -24,12 +24,19 @@ def test_no_server_errors(api_url: str, api_key: str, worker: Any, mode: Any) ->
     for operation in _operations(api_url):
 
         @given(case=operation.as_strategy(generation_mode=mode))
-        @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
-                  database=None)
+        @settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+        )
         def check(case: Any) -> None:
             response = case.call(headers={"Authorization": f"Bearer {api_key}"}, timeout=30)
-            assert response.status_code < 500, (case.method, case.formatted_path,
-                                                response.text[:300])
+            assert response.status_code < 500, (
+                case.method,
+                case.formatted_path,
+                response.text[:300],
+            )
             if response.status_code >= 400:
                 assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 

@@ -124,4 +124,7 @@ def test_every_line_rejected_still_completes(client: Any) -> None:
     assert batch.output_file_id is None
     assert [e["custom_id"] for e in read_jsonl(client, batch.error_file_id)] == ["a", "b"]
     assert json.loads(json.dumps(batch.request_counts.model_dump())) == {
-        "total": 2, "completed": 0, "failed": 2}
+        "total": 2,
+        "completed": 0,
+        "failed": 2,
+    }

@@ -21,12 +21,16 @@ class RejectNulInURL:
             if b"\x00" in unquote_to_bytes(raw) or b"\x00" in unquote_to_bytes(query):
                 err = InvalidRequest("NUL characters are not allowed in the URL.")
                 body = orjson.dumps(err.body())
-                await send({
-                    "type": "http.response.start",
-                    "status": err.status_code,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())],
-                })
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": err.status_code,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.app(scope, receive, send)

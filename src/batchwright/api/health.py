@@ -37,8 +37,9 @@ def ready(settings: SettingsDep) -> ORJSONResponse:
         except Exception as exc:
             checks["broker"] = f"unreachable: {type(exc).__name__}"
     ok = all(v == "ok" for v in checks.values())
-    return ORJSONResponse({"status": "ok" if ok else "unavailable", **checks},
-                          status_code=200 if ok else 503)
+    return ORJSONResponse(
+        {"status": "ok" if ok else "unavailable", **checks}, status_code=200 if ok else 503
+    )
 
 
 @router.get("/v1/models", tags=["models"])

@@ -28,7 +28,9 @@ def get_or_create_project(session: Session, name: str) -> Project:
     return project
 
 
-def create_key(session: Session, project_name: str, key_name: str = "default") -> tuple[APIKey, str]:
+def create_key(
+    session: Session, project_name: str, key_name: str = "default"
+) -> tuple[APIKey, str]:
     project = get_or_create_project(session, project_name)
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
     key = APIKey(

@@ -46,9 +46,7 @@ class ChunkWriter:
 
 
 def chunk_count(session: Session, file_id: str) -> int:
-    return int(
-        session.scalar(select(func.count()).where(FileChunk.file_id == file_id)) or 0
-    )
+    return int(session.scalar(select(func.count()).where(FileChunk.file_id == file_id)) or 0)
 
 
 def iter_chunks(session: Session, file_id: str) -> Iterator[bytes]:

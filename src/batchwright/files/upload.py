@@ -105,7 +105,9 @@ async def receive_upload(
         raise PayloadTooLarge(f"File is larger than the {settings.max_upload_bytes} byte limit.")
 
     collector = _Collector(settings.max_upload_bytes)
-    callbacks = {name: getattr(collector, name) for name in dir(collector) if name.startswith("on_")}
+    callbacks = {
+        name: getattr(collector, name) for name in dir(collector) if name.startswith("on_")
+    }
     parser = python_multipart.MultipartParser(params[b"boundary"], callbacks)  # type: ignore[arg-type]
     writer: ChunkWriter | None = None
 

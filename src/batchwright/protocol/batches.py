@@ -59,9 +59,7 @@ class BatchUsage(OpenAIBaseModel):
     input_tokens: int = 0
     input_tokens_details: dict[str, int] = Field(default_factory=lambda: {"cached_tokens": 0})
     output_tokens: int = 0
-    output_tokens_details: dict[str, int] = Field(
-        default_factory=lambda: {"reasoning_tokens": 0}
-    )
+    output_tokens_details: dict[str, int] = Field(default_factory=lambda: {"reasoning_tokens": 0})
     total_tokens: int = 0
 
 
