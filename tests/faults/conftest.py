@@ -93,7 +93,7 @@ class Stack:
 
     def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.pg_url, autocommit=True, connect_timeout=5) as conn:
-            cur = conn.execute(query, params)  # type: ignore[arg-type]
+            cur = conn.execute(query, params)
             return list(cur.fetchall()) if cur.description else []
 
     def scalar(self, query: str, *params: Any) -> Any:

@@ -42,6 +42,11 @@ class FakeEngine:
                             prompt_tokens=3, completion_tokens=2)
 
 
+def provider(engine: Any) -> Callable[[Any], Any]:
+    """An engine_provider handing out this engine (duck-typed: run() is all it needs)."""
+    return lambda _spec: engine
+
+
 @pytest.fixture
 def in_process(fault: Stack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """Point this process's settings at the fault database, tasks queued in memory."""
@@ -76,7 +81,7 @@ def _twice(fn: Callable[[], Any]) -> list[Any]:
         start.wait()
         try:
             results[i] = fn()
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
@@ -101,12 +106,12 @@ def test_tasks_run_twice_at_once(fault: Stack, in_process: Any) -> None:
     assert rows == len(requests)
     assert client.batches.retrieve(batch.id).status == "in_progress"
 
-    landed = _twice(lambda: runner.process("demo", engine_provider=lambda _: FakeEngine()))
+    landed = _twice(lambda: runner.process("demo", engine_provider=provider(FakeEngine())))
     assert sum(landed) == len(requests), landed
     assert min(landed) > 0, f"one thread did all the work: {landed}"
     assert attempts(fault, batch.id) == {1: len(requests)}
     # And once more after the fact, as a late redelivery: nothing left to claim.
-    assert runner.process("demo", engine_provider=lambda _: FakeEngine()) == 0
+    assert runner.process("demo", engine_provider=provider(FakeEngine())) == 0
 
     _twice(lambda: runner.finalize_batch(batch.id))
     _twice(lambda: runner.finalize_batch(batch.id))
@@ -143,7 +148,7 @@ def test_late_write_after_lease_lost_is_dropped(fault: Stack, in_process: Any) -
 
     out: list[int] = []
     t = threading.Thread(
-        target=lambda: out.append(runner.process("demo", engine_provider=lambda _: Stalling()))
+        target=lambda: out.append(runner.process("demo", engine_provider=provider(Stalling())))
     )
     t.start()
     assert stalled.wait(30)
@@ -151,7 +156,7 @@ def test_late_write_after_lease_lost_is_dropped(fault: Stack, in_process: Any) -
     # by hand, as a frozen process would let it) and the sweeper re-queues the rows.
     fault.sql("UPDATE batch_requests SET lease_expires_at = 0 WHERE batch_id = %s", batch.id)
     assert runner.sweep()["requeued"] == len(requests)
-    assert runner.process("demo", engine_provider=lambda _: FakeEngine()) == len(requests)
+    assert runner.process("demo", engine_provider=provider(FakeEngine())) == len(requests)
     release.set()
     t.join(30)
     assert out == [0], f"the stalled run wrote {out} results after losing its lease"
@@ -175,12 +180,12 @@ def test_work_slice_gives_the_queue_back(fault: Stack, in_process: Any,
     runner.validate_batch(batch.id)
     in_process.queue.clear()
     started = time.monotonic()
-    landed = runner.process("demo", engine_provider=lambda _: FakeEngine(delay=0.05))
+    landed = runner.process("demo", engine_provider=provider(FakeEngine(delay=0.05)))
     took = time.monotonic() - started
     assert 0 < landed < len(requests), landed
     assert took < 3, took
     assert (dispatch.PROCESS, ("demo",)) in in_process.queue
-    while runner.process("demo", engine_provider=lambda _: FakeEngine(delay=0.0)):
+    while runner.process("demo", engine_provider=provider(FakeEngine(delay=0.0))):
         pass
     runner.finalize_batch(batch.id)
     assert_batch_whole(fault, client, batch.id, [r["custom_id"] for r in requests])

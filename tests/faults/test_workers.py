@@ -59,4 +59,4 @@ def test_two_workers_race(fault: Stack) -> None:
     assert attempts(fault, batch.id) == {1: len(requests)}  # no line claimed twice
     assert concurrent >= 2, f"the workers never held leases at the same time ({tokens})"
     print(f"race: {len(done.out)} lines, {len(tokens)} leases seen, {concurrent} at once, "
-          f"completions rows {fault.scalar('SELECT count(*) FROM completions WHERE batch_id = %s', batch.id)}")
+          f"{len(done.out)} completions rows")

@@ -74,16 +74,17 @@ def finalize(session: Session, batch: Batch, settings: Settings) -> None:
     """Move a batch toward its terminal state if it can go there now; else leave it."""
     if batch.status in TERMINAL or batch.status == "validating" and not _past_window(batch):
         return
-    if _past_window(batch) and batch.status in ("validating", "in_progress"):
+    if batch.status == "in_progress" and unfinished(session, batch.id) == 0:
+        # Every line finished: the batch completed, even if this finalize runs only after
+        # the window closed (expired means lines were left undone, and none were).
+        batch.status, batch.finalizing_at = "finalizing", now()
+        finish(session, batch, "completed", settings)
+    elif _past_window(batch) and batch.status in ("validating", "in_progress"):
         finish(session, batch, "expired", settings)
     elif batch.status == "cancelling":
         # Lines in flight get to finish; the sweeper comes back while any lease is live.
         if unfinished(session, batch.id, live_leases_only=True) == 0:
             finish(session, batch, "cancelled", settings)
-    elif batch.status == "in_progress":
-        if unfinished(session, batch.id) == 0:
-            batch.status, batch.finalizing_at = "finalizing", now()
-            finish(session, batch, "completed", settings)
     elif batch.status == "finalizing":
         finish(session, batch, "completed", settings)
 

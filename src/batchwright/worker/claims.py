@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 
 from batchwright.config import Settings
 from batchwright.db.models import Batch, BatchRequest
@@ -43,6 +43,9 @@ class Lease:
                         BatchRequest.attempts < self.settings.max_attempts,
                         Batch.status == "in_progress",
                         Batch.model == self.model,
+                        # Past its window a batch gets no new work: its finalize (queued
+                        # behind this very task on a solo worker) expires what is left.
+                        or_(Batch.expires_at.is_(None), Batch.expires_at > now),
                     )
                     .order_by(Batch.created_at, BatchRequest.batch_id, BatchRequest.line_no)
                     .limit(limit)
