@@ -48,7 +48,9 @@ def assert_batch_whole(
 
     counts = batch.request_counts
     assert (counts.total, counts.completed, counts.failed) == (
-        len(custom_ids), len(out), len(errs)
+        len(custom_ids),
+        len(out),
+        len(errs),
     ), counts
     prompt = sum(o["response"]["body"]["usage"]["prompt_tokens"] for o in out)
     completion = sum(o["response"]["body"]["usage"]["completion_tokens"] for o in out)

@@ -52,9 +52,7 @@ class Stack:
 
     def workers(self, n: int = 1, **env: str) -> list[Proc]:
         """Start n Celery workers at once (model loading overlaps) and wait for all."""
-        procs = [
-            self._spawn("worker", ["worker", "--loglevel", "INFO"], env) for _ in range(n)
-        ]
+        procs = [self._spawn("worker", ["worker", "--loglevel", "INFO"], env) for _ in range(n)]
         for proc in procs:
             proc.wait_for("ready.")
         return procs
@@ -82,7 +80,9 @@ class Stack:
         from openai import OpenAI
 
         return OpenAI(
-            base_url=(url or self.api_url) + "/v1", api_key=self.api_key, max_retries=0,
+            base_url=(url or self.api_url) + "/v1",
+            api_key=self.api_key,
+            max_retries=0,
             timeout=60,
         )
 
@@ -147,7 +147,9 @@ def stack(bw_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     }
     st = Stack(env, pg_url, tmp_path_factory.mktemp("faults"))
     subprocess.run(
-        [sys.executable, "-m", "batchwright.cli", "db", "upgrade"], env=env, check=True,
+        [sys.executable, "-m", "batchwright.cli", "db", "upgrade"],
+        env=env,
+        check=True,
         capture_output=True,
     )
     st.api_key = create_key(env, "faults")
@@ -172,3 +174,27 @@ def fault(stack: Stack) -> Iterator[Stack]:
     for proc in stack.procs[keep:]:
         proc.stop(signal.SIGKILL)
     del stack.procs[keep:]
+
+
+@pytest.fixture
+def in_process(fault: Stack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Point this process's settings at the fault database, tasks queued in memory."""
+    from batchwright.config import get_settings
+    from batchwright.db.session import get_engine, get_sessionmaker
+    from batchwright.worker import dispatch
+
+    def reset() -> None:
+        get_settings.cache_clear()
+        get_sessionmaker.cache_clear()
+        get_engine.cache_clear()
+
+    for key, value in fault.env.items():
+        if key.startswith("BATCHWRIGHT_"):
+            monkeypatch.setenv(key, value)
+    reset()
+    inline = dispatch.InlineDispatcher()
+    monkeypatch.setattr(dispatch, "_dispatcher", inline)
+    yield inline
+    get_engine().dispose()
+    monkeypatch.undo()
+    reset()

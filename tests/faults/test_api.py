@@ -24,18 +24,24 @@ def test_api_sigkill_mid_upload(fault: Stack) -> None:
     host = urlparse(url)
     sock = socket.create_connection((host.hostname, host.port), timeout=10)
     sock.sendall(
-        (f"POST /v1/files HTTP/1.1\r\nHost: {host.netloc}\r\n"
-         f"Authorization: Bearer {fault.api_key}\r\n"
-         f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
-         f"Content-Length: {len(head) + len(payload) + len(tail)}\r\n\r\n").encode()
-        + head + payload[: 3 * 1024 * 1024]
+        (
+            f"POST /v1/files HTTP/1.1\r\nHost: {host.netloc}\r\n"
+            f"Authorization: Bearer {fault.api_key}\r\n"
+            f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
+            f"Content-Length: {len(head) + len(payload) + len(tail)}\r\n\r\n"
+        ).encode()
+        + head
+        + payload[: 3 * 1024 * 1024]
     )
     # Wait until the API holds an open transaction with chunk rows in it, then kill it.
     end = time.monotonic() + 20
-    while fault.scalar(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        "AND state = 'idle in transaction'"
-    ) == 0:
+    while (
+        fault.scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND state = 'idle in transaction'"
+        )
+        == 0
+    ):
         assert time.monotonic() < end, "the upload never opened a transaction"
         time.sleep(0.05)
     api.stop(signal.SIGKILL)
@@ -52,15 +58,17 @@ def test_api_sigkill_mid_upload(fault: Stack) -> None:
     client = fault.client()  # the folder's API: a fresh process
     assert visible(client, name) == []
     assert fault.scalar("SELECT count(*) FROM files WHERE filename = %s", name) == 0
-    assert fault.scalar(
-        "SELECT count(*) FROM file_chunks c LEFT JOIN files f ON f.id = c.file_id "
-        "WHERE f.id IS NULL"
-    ) == 0
+    assert (
+        fault.scalar(
+            "SELECT count(*) FROM file_chunks c LEFT JOIN files f ON f.id = c.file_id "
+            "WHERE f.id IS NULL"
+        )
+        == 0
+    )
     retry = client.files.create(file=(name, payload), purpose="batch")
     assert retry.bytes == len(payload)
     assert [f.id for f in visible(client, name)] == [retry.id]
-    print(f"api sigkill mid-upload: 3 MB of {len(payload)} sent, nothing left behind, "
-          f"retry ok")
+    print(f"api sigkill mid-upload: 3 MB of {len(payload)} sent, nothing left behind, retry ok")
 
 
 def test_batch_expires(fault: Stack) -> None:
@@ -82,5 +90,7 @@ def test_batch_expires(fault: Stack) -> None:
     codes = {e["error"]["code"] for e in done.errs if e["error"]}
     assert codes == {"batch_expired"}, codes
     assert all(e["response"] is None for e in done.errs)
-    print(f"expiry: {len(done.out)} lines kept in the output, {len(done.errs)} batch_expired, "
-          f"ended {done.batch.expired_at - done.batch.created_at} s after creation")
+    print(
+        f"expiry: {len(done.out)} lines kept in the output, {len(done.errs)} batch_expired, "
+        f"ended {done.batch.expired_at - done.batch.created_at} s after creation"
+    )

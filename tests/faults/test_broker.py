@@ -15,9 +15,22 @@ from tests.helpers import jsonl, submit
 
 # How .ci/run starts the machine's Redis (docs/DESIGN §6); restarted with the same line.
 REDIS_START = [
-    "redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379",
-    "--save", "", "--appendonly", "no", "--dir", "/var/lib/redis",
-    "--logfile", "/var/log/redis/ci.log",
+    "redis-server",
+    "--daemonize",
+    "yes",
+    "--bind",
+    "127.0.0.1",
+    "-::1",
+    "--port",
+    "6379",
+    "--save",
+    "",
+    "--appendonly",
+    "no",
+    "--dir",
+    "/var/lib/redis",
+    "--logfile",
+    "/var/log/redis/ci.log",
 ]
 
 
@@ -40,8 +53,10 @@ def test_redis_flushed(fault: Stack) -> None:
     assert len(done.out) == len(requests)
     resent = worker.output()[mark:].count("batchwright.process[")
     assert resent > 0  # work after the flush came from messages sent after it
-    print(f"redis flushed: {before} lines done at the second flush, {len(done.out)} at the "
-          f"end, {resent} process log lines after the flush")
+    print(
+        f"redis flushed: {before} lines done at the second flush, {len(done.out)} at the "
+        f"end, {resent} process log lines after the flush"
+    )
 
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server here")

@@ -34,8 +34,10 @@ def test_postgres_connections_dropped_mid_batch(fault: Stack) -> None:
     # A line fails only if drops hit it max_attempts (3) times; it then says so.
     for e in done.errs:
         assert e["response"]["body"]["error"]["code"] == "max_attempts_exceeded", e
-    print(f"pg drop: killed {killed} connections between {first} and {second} lines done; "
-          f"attempts {tries}, {len(done.out)} ok, {len(done.errs)} failed")
+    print(
+        f"pg drop: killed {killed} connections between {first} and {second} lines done; "
+        f"attempts {tries}, {len(done.out)} ok, {len(done.errs)} failed"
+    )
 
 
 def upload_body(boundary: str, filename: str, payload: bytes) -> tuple[bytes, bytes]:
@@ -74,11 +76,12 @@ def test_postgres_connections_dropped_mid_upload(fault: Stack) -> None:
             yield payload[i : i + 256 * 1024]
         yield tail
 
-    headers = {"Authorization": f"Bearer {fault.api_key}",
-               "Content-Type": f"multipart/form-data; boundary={boundary}"}
+    headers = {
+        "Authorization": f"Bearer {fault.api_key}",
+        "Content-Type": f"multipart/form-data; boundary={boundary}",
+    }
     try:
-        resp = httpx.post(fault.api_url + "/v1/files", content=body(), headers=headers,
-                          timeout=60)
+        resp = httpx.post(fault.api_url + "/v1/files", content=body(), headers=headers, timeout=60)
         outcome = f"HTTP {resp.status_code}"
         if resp.status_code == 200:
             assert resp.json()["bytes"] == len(payload)  # succeeded: then it is whole
@@ -93,10 +96,13 @@ def test_postgres_connections_dropped_mid_upload(fault: Stack) -> None:
     if not outcome.startswith("HTTP 200"):
         assert visible(client, name) == []
         assert fault.scalar("SELECT count(*) FROM files WHERE filename = %s", name) == 0
-    assert fault.scalar(
-        "SELECT count(*) FROM file_chunks c LEFT JOIN files f ON f.id = c.file_id "
-        "WHERE f.id IS NULL"
-    ) == 0
+    assert (
+        fault.scalar(
+            "SELECT count(*) FROM file_chunks c LEFT JOIN files f ON f.id = c.file_id "
+            "WHERE f.id IS NULL"
+        )
+        == 0
+    )
 
     retry = client.files.create(file=(name, payload), purpose="batch")
     assert retry.bytes == len(payload)
@@ -104,5 +110,7 @@ def test_postgres_connections_dropped_mid_upload(fault: Stack) -> None:
         f.id for f in visible(client, name)
     ]
     assert client.files.content(retry.id).content == payload
-    print(f"pg drop mid-upload: {body.killed} connections killed, first try {outcome}; "  # type: ignore[attr-defined]
-          f"retry {retry.bytes} bytes ok")
+    print(
+        f"pg drop mid-upload: {body.killed} connections killed, first try {outcome}; "  # type: ignore[attr-defined]
+        f"retry {retry.bytes} bytes ok"
+    )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -16,59 +15,9 @@ import pytest
 
 from tests.faults.checks import assert_batch_whole, attempts
 from tests.faults.conftest import Stack
+from tests.faults.fakes import FakeEngine, provider
 from tests.faults.test_workers import _lines
 from tests.helpers import jsonl, submit
-
-
-class FakeEngine:
-    """Stands in for the model: a completion per request, a little time per request."""
-
-    def __init__(self, delay: float = 0.01) -> None:
-        self.delay = delay
-
-    def run(self, requests: Iterable[Any]) -> Iterator[Any]:
-        from batchwright.engine.types import GenResult
-
-        for req in requests:
-            time.sleep(self.delay)
-            completion = {
-                "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-                "created": int(time.time()), "model": "demo", "system_fingerprint": "fake",
-                "choices": [{"index": 0, "text": "ok", "logprobs": None,
-                             "finish_reason": "length"}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
-            }
-            yield GenResult(key=req.key, status_code=200, completion=completion,
-                            prompt_tokens=3, completion_tokens=2)
-
-
-def provider(engine: Any) -> Callable[[Any], Any]:
-    """An engine_provider handing out this engine (duck-typed: run() is all it needs)."""
-    return lambda _spec: engine
-
-
-@pytest.fixture
-def in_process(fault: Stack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """Point this process's settings at the fault database, tasks queued in memory."""
-    from batchwright.config import get_settings
-    from batchwright.db.session import get_engine, get_sessionmaker
-    from batchwright.worker import dispatch
-
-    def reset() -> None:
-        get_settings.cache_clear()
-        get_sessionmaker.cache_clear()
-        get_engine.cache_clear()
-
-    for key, value in fault.env.items():
-        if key.startswith("BATCHWRIGHT_"):
-            monkeypatch.setenv(key, value)
-    reset()
-    inline = dispatch.InlineDispatcher()
-    monkeypatch.setattr(dispatch, "_dispatcher", inline)
-    yield inline
-    get_engine().dispose()
-    monkeypatch.undo()
-    reset()
 
 
 def _twice(fn: Callable[[], Any]) -> list[Any]:
@@ -115,15 +64,12 @@ def test_tasks_run_twice_at_once(fault: Stack, in_process: Any) -> None:
 
     _twice(lambda: runner.finalize_batch(batch.id))
     _twice(lambda: runner.finalize_batch(batch.id))
-    files = fault.scalar(
-        "SELECT count(*) FROM files WHERE filename LIKE %s", f"{batch.id}_%"
-    )
+    files = fault.scalar("SELECT count(*) FROM files WHERE filename LIKE %s", f"{batch.id}_%")
     assert files == 1, f"{files} output/error files for one batch"
     done = assert_batch_whole(fault, client, batch.id, [r["custom_id"] for r in requests])
     assert done.batch.status == "completed"
     assert done.batch.usage.input_tokens == 3 * len(requests)
-    print(f"twice: process threads landed {landed}, one output file, "
-          f"completions {len(done.out)}")
+    print(f"twice: process threads landed {landed}, one output file, completions {len(done.out)}")
 
 
 def test_late_write_after_lease_lost_is_dropped(fault: Stack, in_process: Any) -> None:
@@ -166,8 +112,9 @@ def test_late_write_after_lease_lost_is_dropped(fault: Stack, in_process: Any) -
     assert attempts(fault, batch.id) == {2: len(requests)}
 
 
-def test_work_slice_gives_the_queue_back(fault: Stack, in_process: Any,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_work_slice_gives_the_queue_back(
+    fault: Stack, in_process: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With a 1 s slice a process run stops claiming and asks for a follow-up run."""
     from batchwright.config import get_settings
     from batchwright.worker import dispatch, runner

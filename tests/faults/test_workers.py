@@ -12,8 +12,10 @@ from tests.helpers import TERMINAL, jsonl, line, submit
 
 
 def _lines(prefix: str, n: int, max_tokens: int) -> list[dict[str, Any]]:
-    return [line(f"{prefix}-{i}", {"max_tokens": max_tokens, "seed": i, "temperature": 0.8})
-            for i in range(n)]
+    return [
+        line(f"{prefix}-{i}", {"max_tokens": max_tokens, "seed": i, "temperature": 0.8})
+        for i in range(n)
+    ]
 
 
 def test_worker_sigkill_mid_batch(fault: Stack) -> None:
@@ -34,8 +36,7 @@ def test_worker_sigkill_mid_batch(fault: Stack) -> None:
     assert len(done.out) == len(requests)
     tries = attempts(fault, batch.id)
     assert tries.get(2, 0) >= held, tries  # the dead lease's rows ran a second time
-    print(f"sigkill: completed {before} before the kill, {held} leased rows lost, "
-          f"attempts {tries}")
+    print(f"sigkill: completed {before} before the kill, {held} leased rows lost, attempts {tries}")
 
 
 def test_two_workers_race(fault: Stack) -> None:
@@ -47,9 +48,14 @@ def test_two_workers_race(fault: Stack) -> None:
     tokens: set[str] = set()
     concurrent = 0
     while client.batches.retrieve(batch.id).status not in TERMINAL:
-        live = {t for (t,) in fault.sql(
-            "SELECT DISTINCT lease_token FROM batch_requests "
-            "WHERE batch_id = %s AND state = 'running'", batch.id)}
+        live = {
+            t
+            for (t,) in fault.sql(
+                "SELECT DISTINCT lease_token FROM batch_requests "
+                "WHERE batch_id = %s AND state = 'running'",
+                batch.id,
+            )
+        }
         tokens |= live
         concurrent = max(concurrent, len(live))
         time.sleep(0.05)
@@ -58,5 +64,33 @@ def test_two_workers_race(fault: Stack) -> None:
     assert len(done.out) == len(requests)
     assert attempts(fault, batch.id) == {1: len(requests)}  # no line claimed twice
     assert concurrent >= 2, f"the workers never held leases at the same time ({tokens})"
-    print(f"race: {len(done.out)} lines, {len(tokens)} leases seen, {concurrent} at once, "
-          f"{len(done.out)} completions rows")
+    print(
+        f"race: {len(done.out)} lines, {len(tokens)} leases seen, {concurrent} at once, "
+        f"{len(done.out)} completions rows"
+    )
+
+
+def test_worker_sigterm_stops_claiming_and_exits(fault: Stack) -> None:
+    """SIGTERM: the worker takes no new lines, finishes or gives back what it holds, exits."""
+    client = fault.client()
+    first = fault.worker()
+    requests = _lines("term", 100, 48)
+    batch = submit(client, jsonl(requests))
+    wait_progress(client, batch.id)
+    started = time.monotonic()
+    first.popen.send_signal(signal.SIGTERM)
+    code = first.popen.wait(60)
+    took = time.monotonic() - started
+    assert code == 0, first.output()[-2000:]
+    # Nothing is left leased to the stopped worker: every row is finished or queued again.
+    held = fault.scalar(
+        "SELECT count(*) FROM batch_requests WHERE batch_id = %s AND state = 'running'", batch.id
+    )
+    assert held == 0
+    remaining = client.batches.retrieve(batch.id)
+    assert remaining.request_counts.completed < len(requests), "finished before the signal"
+    fault.worker()
+    done = assert_batch_whole(fault, client, batch.id, [r["custom_id"] for r in requests])
+    assert done.batch.status == "completed"
+    assert attempts(fault, batch.id) == {1: len(requests)}  # nothing ran twice
+    print(f"sigterm: exited in {took:.1f}s with {remaining.request_counts.completed} done")

@@ -72,7 +72,7 @@ def unfinished(session: Session, batch_id: str, *, live_leases_only: bool = Fals
 
 def finalize(session: Session, batch: Batch, settings: Settings) -> None:
     """Move a batch toward its terminal state if it can go there now; else leave it."""
-    if batch.status in TERMINAL or batch.status == "validating" and not _past_window(batch):
+    if batch.status in TERMINAL or (batch.status == "validating" and not _past_window(batch)):
         return
     if batch.status == "in_progress" and unfinished(session, batch.id) == 0:
         # Every line finished: the batch completed, even if this finalize runs only after
@@ -120,7 +120,7 @@ def recount(session: Session, batch: Batch) -> None:
             select(BatchRequest.state, func.count())
             .where(BatchRequest.batch_id == batch.id)
             .group_by(BatchRequest.state)
-        ).tuples()
+        )
     }
     batch.total = sum(states.values()) or batch.total
     batch.completed = states.get("succeeded", 0)
@@ -132,4 +132,3 @@ def recount(session: Session, batch: Batch) -> None:
         ).where(BatchRequest.batch_id == batch.id)
     ).one()
     batch.input_tokens, batch.output_tokens = int(tokens[0]), int(tokens[1])
-

@@ -45,10 +45,16 @@ def _line(row: BatchRequest, batch_id: str, completion_body: str | None) -> byte
         code, message = NEVER_RAN[row.state]
         line["error"] = {"code": code, "message": message}
     else:
-        error = orjson.Fragment(row.error) if row.error else {
-            "message": "The request failed.", "type": "server_error", "param": None,
-            "code": "server_error",
-        }
+        error = (
+            orjson.Fragment(row.error)
+            if row.error
+            else {
+                "message": "The request failed.",
+                "type": "server_error",
+                "param": None,
+                "code": "server_error",
+            }
+        )
         line["response"] = {
             "status_code": row.status_code or 500,
             "request_id": request_id,
@@ -63,9 +69,7 @@ def render(session: Session, batch: Batch, settings: Settings) -> tuple[int, int
 
     def writer(kind: str) -> ChunkWriter:
         if kind not in writers:
-            file = new_file(
-                session, batch.project_id, f"{batch.id}_{kind}.jsonl", "batch_output"
-            )
+            file = new_file(session, batch.project_id, f"{batch.id}_{kind}.jsonl", "batch_output")
             writers[kind] = ChunkWriter(session, file, settings.file_chunk_bytes)
         return writers[kind]
 
@@ -77,7 +81,7 @@ def render(session: Session, batch: Batch, settings: Settings) -> tuple[int, int
         .execution_options(yield_per=500)
     )
     counts = {"output": 0, "error": 0}
-    for row, completion_body in session.execute(query).tuples():
+    for row, completion_body in session.execute(query):
         kind = "output" if row.state == "succeeded" else "error"
         writer(kind).write(_line(row, batch.id, completion_body))
         counts[kind] += 1

@@ -72,10 +72,13 @@ def _parse_line(raw: bytes, line_no: int) -> tuple[dict[str, Any] | None, LineEr
         return None, err("invalid_json_line", "each line must be a JSON object.")
     custom_id = obj.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
-        return None, err("missing_custom_id", "'custom_id' must be a non-empty string.", "custom_id")
+        return None, err(
+            "missing_custom_id", "'custom_id' must be a non-empty string.", "custom_id"
+        )
     if "\x00" in custom_id or len(custom_id) > 512:
         return None, err(
-            "invalid_custom_id", "'custom_id' must be at most 512 characters with no NUL.",
+            "invalid_custom_id",
+            "'custom_id' must be at most 512 characters with no NUL.",
             "custom_id",
         )
     if obj.get("method") != "POST":
@@ -109,8 +112,14 @@ def scan_input(session: Session, batch: Batch, registry: Registry, max_lines: in
             continue  # blank lines carry no request; line numbers still count them
         out.total += 1
         if out.total > max_lines:
-            fail(LineError("too_many_tasks", line_no,
-                           f"The file holds more than {max_lines} requests.", None))
+            fail(
+                LineError(
+                    "too_many_tasks",
+                    line_no,
+                    f"The file holds more than {max_lines} requests.",
+                    None,
+                )
+            )
             break
         obj, error = _parse_line(raw, line_no)
         if error is not None or obj is None:
@@ -119,25 +128,42 @@ def scan_input(session: Session, batch: Batch, registry: Registry, max_lines: in
             continue
         custom_id, body = obj["custom_id"], obj["body"]
         if custom_id in seen:
-            if fail(LineError("duplicate_custom_id", line_no,
-                              f"Line {line_no}: custom_id {custom_id[:64]!r} appears twice.",
-                              "custom_id")):
+            if fail(
+                LineError(
+                    "duplicate_custom_id",
+                    line_no,
+                    f"Line {line_no}: custom_id {custom_id[:64]!r} appears twice.",
+                    "custom_id",
+                )
+            ):
                 break
             continue
         seen.add(custom_id)
         model = body["model"]
         if registry.get(model) is None:
-            if fail(LineError("model_not_found", line_no,
-                              f"Line {line_no}: model {model[:64]!r} does not exist here; "
-                              f"available: {', '.join(registry.names)}.", "body.model")):
+            if fail(
+                LineError(
+                    "model_not_found",
+                    line_no,
+                    f"Line {line_no}: model {model[:64]!r} does not exist here; "
+                    f"available: {', '.join(registry.names)}.",
+                    "body.model",
+                )
+            ):
                 break
             continue
         if out.model is None:
             out.model = model
         elif model != out.model:
-            if fail(LineError("mismatched_model", line_no,
-                              f"Line {line_no}: model {model[:64]!r} differs from "
-                              f"{out.model!r}; a batch uses one model.", "body.model")):
+            if fail(
+                LineError(
+                    "mismatched_model",
+                    line_no,
+                    f"Line {line_no}: model {model[:64]!r} differs from "
+                    f"{out.model!r}; a batch uses one model.",
+                    "body.model",
+                )
+            ):
                 break
             continue
         if out.errors:

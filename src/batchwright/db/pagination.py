@@ -30,11 +30,17 @@ def page(
     if cursor is not None:
         if desc:
             query = query.where(
-                or_(created < cursor.created_at, and_(created == cursor.created_at, ident < cursor.id))
+                or_(
+                    created < cursor.created_at,
+                    and_(created == cursor.created_at, ident < cursor.id),
+                )
             )
         else:
             query = query.where(
-                or_(created > cursor.created_at, and_(created == cursor.created_at, ident > cursor.id))
+                or_(
+                    created > cursor.created_at,
+                    and_(created == cursor.created_at, ident > cursor.id),
+                )
             )
     order = (created.desc(), ident.desc()) if desc else (created.asc(), ident.asc())
     rows: list[T] = list(session.scalars(query.order_by(*order).limit(limit + 1)))

@@ -16,6 +16,15 @@ from batchwright.db.models import Batch, BatchRequest
 from batchwright.db.session import session_scope
 from batchwright.engine.types import GenRequest
 
+# A line that was in flight when runs failed twice may be what fails them: from then on it
+# runs alone, so it cannot use up the attempts of the lines that happened to share its run.
+SOLO_AFTER = 2
+
+
+def is_out_of_memory(exc: BaseException | None) -> bool:
+    # torch.cuda.OutOfMemoryError, matched by name: this module never imports torch.
+    return type(exc).__name__ == "OutOfMemoryError"
+
 
 class Lease:
     """One worker run's claim on rows of one model's in-progress batches."""
@@ -31,8 +40,14 @@ class Lease:
         self._heartbeat_stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
 
-    def claim(self, limit: int) -> list[BatchRequest]:
+    def claim(self, limit: int, *, suspects: bool = False) -> list[BatchRequest]:
         now = time.time()
+        max_attempts = self.settings.max_attempts
+        tries = (
+            BatchRequest.attempts.between(SOLO_AFTER, max_attempts - 1)
+            if suspects
+            else BatchRequest.attempts < min(SOLO_AFTER, max_attempts)
+        )
         with session_scope() as session:
             ids = list(
                 session.scalars(
@@ -40,7 +55,7 @@ class Lease:
                     .join(Batch, Batch.id == BatchRequest.batch_id)
                     .where(
                         BatchRequest.state == "queued",
-                        BatchRequest.attempts < self.settings.max_attempts,
+                        tries,
                         Batch.status == "in_progress",
                         Batch.model == self.model,
                         # Past its window a batch gets no new work: its finalize (queued
@@ -75,6 +90,11 @@ class Lease:
 
     def requests(self) -> Iterator[GenRequest]:
         """Rows for the engine, claimed a few at a time, only as the engine asks."""
+        suspect = self.claim(1, suspects=True)
+        if suspect:
+            self.more_work = True  # this run is the suspect's alone; a follow-up does the rest
+            yield from self._requests(suspect)
+            return
         while True:
             if self.stop.is_set() or time.monotonic() >= self.deadline:
                 self.more_work = True
@@ -82,9 +102,13 @@ class Lease:
             rows = self.claim(self.settings.claim_batch_size)
             if not rows:
                 return
-            for row in rows:
-                body: dict[str, Any] = orjson.loads(row.body)
-                yield GenRequest(key=(row.id, row.batch_id), body=body)
+            yield from self._requests(rows)
+
+    @staticmethod
+    def _requests(rows: list[BatchRequest]) -> Iterator[GenRequest]:
+        for row in rows:
+            body: dict[str, Any] = orjson.loads(row.body)
+            yield GenRequest(key=(row.id, row.batch_id), body=body)
 
     def _renew(self) -> None:
         with session_scope() as session:
@@ -112,17 +136,29 @@ class Lease:
         if self._heartbeat is not None:
             self._heartbeat.join(timeout=5)
         if exc[0] is not None:
-            self.release(reason=repr(exc[1])[:500])
+            error = exc[1] if isinstance(exc[1], BaseException) else None
+            # Out of memory is our batch size, not the lines' fault: their attempt is refunded.
+            self.release(f"Worker error: {error!r}"[:500], refund=is_out_of_memory(error))
+        else:
+            # Claimed but never finished (the engine stopped pulling early): not tried, so
+            # back to the queue now rather than after the lease runs out.
+            self.release(None, refund=True)
 
-    def release(self, reason: str) -> None:
-        """Give rows back to the queue after a crash of this run; attempts already counted."""
-        err = orjson.dumps(
-            {"message": f"Worker error: {reason}", "type": "server_error", "param": None,
-             "code": "server_error"}
-        ).decode()
+    def release(self, reason: str | None, *, refund: bool = False) -> None:
+        """Give the rows this lease still holds back to the queue."""
+        values: dict[str, object] = {
+            "state": "queued",
+            "lease_token": None,
+            "lease_expires_at": None,
+            "attempts": BatchRequest.attempts - (1 if refund else 0),
+        }
+        if reason is not None:
+            values["error"] = orjson.dumps(
+                {"message": reason, "type": "server_error", "param": None, "code": "server_error"}
+            ).decode()
         with session_scope() as session:
             session.execute(
                 update(BatchRequest)
                 .where(BatchRequest.lease_token == self.token, BatchRequest.state == "running")
-                .values(state="queued", lease_token=None, lease_expires_at=None, error=err)
+                .values(**values)
             )

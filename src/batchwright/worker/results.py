@@ -18,6 +18,12 @@ def write_results(session: Session, token: str, results: list[GenResult]) -> int
     """Store results; returns how many landed. A row whose lease moved on is skipped."""
     deltas: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     landed = 0
+    # Batch rows first, in id order: finalize locks a batch and then its lines, so taking
+    # the locks in that same order here rules out a deadlock between the two.
+    batch_ids = sorted({result.key[1] for result in results})
+    session.execute(
+        select(Batch.id).where(Batch.id.in_(batch_ids)).order_by(Batch.id).with_for_update()
+    )
     for result in results:
         row_id, batch_id = result.key
         ok = result.status_code == 200 and result.completion is not None

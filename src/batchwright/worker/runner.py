@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -9,19 +10,22 @@ from typing import TYPE_CHECKING
 
 import orjson
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 from batchwright.batches import lifecycle
-from batchwright.config import Settings, get_settings
+from batchwright.config import get_settings
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.db.session import session_scope
 from batchwright.engine.types import GenResult
 from batchwright.registry import ModelSpec, Registry, load_registry
-from batchwright.worker.claims import Lease
+from batchwright.worker.claims import Lease, is_out_of_memory
 from batchwright.worker.dispatch import FINALIZE, PROCESS, VALIDATE, get_dispatcher
 from batchwright.worker.results import write_results
 
 if TYPE_CHECKING:
     from batchwright.engine.runtime import Engine
+
+log = logging.getLogger(__name__)
 
 # Set by SIGTERM handling (Celery's worker_shutting_down): stop claiming, finish what is held.
 SHUTDOWN = threading.Event()
@@ -69,15 +73,25 @@ def process(
         return 0
     engine = engine_provider(spec)
     landed = 0
-    with Lease(model, settings, SHUTDOWN) as lease:
-        buffer: list[GenResult] = []
-        last = time.monotonic()
-        for result in engine.run(lease.requests()):
-            buffer.append(result)
-            if len(buffer) >= FLUSH_EVERY or time.monotonic() - last >= FLUSH_SECONDS:
-                landed += _flush(lease.token, buffer, on_results)
-                buffer, last = [], time.monotonic()
-        landed += _flush(lease.token, buffer, on_results)
+    try:
+        with Lease(model, settings, SHUTDOWN) as lease:
+            buffer: list[GenResult] = []
+            last = time.monotonic()
+            for result in engine.run(lease.requests()):
+                buffer.append(result)
+                if len(buffer) >= FLUSH_EVERY or time.monotonic() - last >= FLUSH_SECONDS:
+                    landed += _flush(lease.token, buffer, on_results)
+                    buffer, last = [], time.monotonic()
+            landed += _flush(lease.token, buffer, on_results)
+    except Exception as exc:
+        rows = getattr(engine, "max_rows", 1)
+        if not is_out_of_memory(exc) or rows <= 1:
+            raise
+        # The lease gave the lines back unharmed; decode fewer rows at once and go again.
+        engine.max_rows = max(1, rows // 2)
+        log.warning("out of memory with %d rows; retrying with %d", rows, engine.max_rows)
+        get_dispatcher().send(PROCESS, model)
+        return landed
     if lease.more_work and not SHUTDOWN.is_set():
         get_dispatcher().send(PROCESS, model)
     return landed
@@ -93,6 +107,39 @@ def _flush(token: str, buffer: list[GenResult], on_results: Callable[[int], None
     return landed
 
 
+def _fail_exhausted(session: Session, max_attempts: int) -> int:
+    """Lines out of attempts go to the error file with their last error."""
+    exhausted = (BatchRequest.state == "queued", BatchRequest.attempts >= max_attempts)
+    failed = 0
+    for batch_id in session.scalars(select(BatchRequest.batch_id).where(*exhausted).distinct()):
+        # The batch first, then its lines: the lock order finalize and result writes use.
+        if lifecycle.lock(session, batch_id) is None:
+            continue
+        rows = list(
+            session.scalars(
+                select(BatchRequest)
+                .where(BatchRequest.batch_id == batch_id, *exhausted)
+                .with_for_update()
+            )
+        )
+        for row in rows:
+            reason = orjson.loads(row.error)["message"] if row.error else "unknown error"
+            row.state, row.status_code = "failed", 500
+            row.error = orjson.dumps(
+                {
+                    "message": f"Failed after {row.attempts} attempts. Last error: {reason}",
+                    "type": "server_error",
+                    "param": None,
+                    "code": "max_attempts_exceeded",
+                }
+            ).decode()
+        session.execute(
+            update(Batch).where(Batch.id == batch_id).values(failed=Batch.failed + len(rows))
+        )
+        failed += len(rows)
+    return failed
+
+
 def sweep() -> dict[str, int]:
     """Re-drive what a crash, a lost message or a dead worker left behind."""
     settings = get_settings()
@@ -105,25 +152,10 @@ def sweep() -> dict[str, int]:
             .where(BatchRequest.state == "running", BatchRequest.lease_expires_at < now)
             .values(state="queued", lease_token=None, lease_expires_at=None)
         ).rowcount  # type: ignore[attr-defined]
-        exhausted = list(
-            session.scalars(
-                select(BatchRequest).where(
-                    BatchRequest.state == "queued",
-                    BatchRequest.attempts >= settings.max_attempts,
-                )
-            )
-        )
-        for row in exhausted:
-            row.state, row.status_code = "failed", 500
-            reason = orjson.loads(row.error)["message"] if row.error else "unknown error"
-            row.error = orjson.dumps(
-                {"message": f"Failed after {row.attempts} attempts. Last error: {reason}",
-                 "type": "server_error", "param": None, "code": "max_attempts_exceeded"}
-            ).decode()
-            session.execute(
-                update(Batch).where(Batch.id == row.batch_id).values(failed=Batch.failed + 1)
-            )
-        stats["exhausted"] = len(exhausted)
+    # A transaction of its own: holding those line locks while waiting for a batch lock
+    # below would invert finalize's order (batch, then lines).
+    with session_scope() as session:
+        stats["exhausted"] = _fail_exhausted(session, settings.max_attempts)
         batches = session.execute(
             select(Batch.id, Batch.status, Batch.model, Batch.updated_at, Batch.expires_at).where(
                 Batch.status.in_(("validating", "in_progress", "finalizing", "cancelling"))

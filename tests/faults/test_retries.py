@@ -1,0 +1,100 @@
+"""Retries: a poison line fails alone without using up its neighbours' attempts, and an
+out-of-memory run gives its lines back unharmed and retries with fewer rows."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from tests.faults.checks import assert_batch_whole, attempts
+from tests.faults.conftest import Stack
+from tests.faults.fakes import FakeEngine, provider
+from tests.faults.test_workers import _lines
+from tests.helpers import jsonl, submit
+
+
+def _drive(in_process: Any, engine: Any, batch_id: str, rounds: int = 40) -> None:
+    """What follow-up messages and the sweeper do, in-process, until the batch is done."""
+    from batchwright.db.models import Batch
+    from batchwright.db.session import session_scope
+    from batchwright.worker import dispatch, runner
+
+    for _ in range(rounds):
+        in_process.queue.clear()
+        with contextlib.suppress(RuntimeError):  # a poison line's crash; lines go back
+            runner.process("demo", engine_provider=provider(engine))
+        runner.sweep()
+        for name, args in list(in_process.queue):
+            if name == dispatch.FINALIZE:
+                runner.finalize_batch(*args)
+        with session_scope() as session:
+            batch = session.get(Batch, batch_id)
+            if batch is not None and batch.status == "completed":
+                return
+    raise AssertionError(f"batch {batch_id} not done after {rounds} rounds")
+
+
+def test_poison_line_fails_alone(fault: Stack, in_process: Any) -> None:
+    from batchwright.worker import runner
+
+    client = fault.client()
+    requests = _lines("poison", 30, 8)
+    batch = submit(client, jsonl(requests))
+    runner.validate_batch(batch.id)
+
+    class Crashing(FakeEngine):
+        """Dies whenever the poison line is among the lines it was handed."""
+
+        def run(self, requests: Iterable[Any]) -> Iterator[Any]:
+            held = list(requests)
+            if any(r.body["prompt"].endswith("poison-7") for r in held):
+                raise RuntimeError("segfault-like crash")
+            yield from super().run(held)
+
+    _drive(in_process, Crashing(delay=0.0), batch.id)
+    done = assert_batch_whole(fault, client, batch.id, [r["custom_id"] for r in requests])
+    assert done.batch.status == "completed"
+    assert done.batch.request_counts.failed == 1
+    [err] = done.errs
+    assert err["custom_id"] == "poison-7"
+    error = err["response"]["body"]["error"]
+    assert error["code"] == "max_attempts_exceeded" and "segfault-like" in error["message"]
+    assert len(done.out) == len(requests) - 1
+    print(f"poison: attempts {attempts(fault, batch.id)}")
+
+
+def test_out_of_memory_splits_and_retries(fault: Stack, in_process: Any) -> None:
+    from batchwright.worker import runner
+
+    client = fault.client()
+    requests = _lines("oom", 24, 8)
+    batch = submit(client, jsonl(requests))
+    runner.validate_batch(batch.id)
+
+    class OutOfMemoryError(RuntimeError):
+        """Named like torch.cuda.OutOfMemoryError, which the runner recognises by name."""
+
+    class Small(FakeEngine):
+        """Runs out of memory with more than 2 rows at once, like a too-large batch."""
+
+        max_rows = 8
+
+        def run(self, requests: Iterable[Any]) -> Iterator[Any]:
+            held: list[Any] = []
+            for req in requests:
+                held.append(req)
+                if len(held) > self.max_rows:
+                    break
+            if self.max_rows > 2:
+                raise OutOfMemoryError("CUDA out of memory")
+            yield from super().run(held)
+
+    engine = Small(delay=0.0)
+    _drive(in_process, engine, batch.id)
+    assert engine.max_rows == 2
+    done = assert_batch_whole(fault, client, batch.id, [r["custom_id"] for r in requests])
+    assert done.batch.status == "completed"
+    assert len(done.out) == len(requests)
+    # Out of memory is not the lines' fault: no attempt was used up by it.
+    assert attempts(fault, batch.id) == {1: len(requests)}
