@@ -338,3 +338,15 @@ def test_second_key_same_project(service_env: dict[str, str], api_url: str, clie
     again = OpenAI(base_url=api_url + "/v1", api_key=create_key(service_env, "team-a"))
     assert again.batches.retrieve(batch.id).id == batch.id
     wait_batch(client, batch.id)
+
+
+def test_output_lines_survive_splitlines(client: OpenAI) -> None:
+    """Text with U+2028, U+2029 and NEL (line breaks to str.splitlines) stays one line."""
+    prompt = "a\u2028b\u2029c\x85d\x1ce"
+    rows = [line("breaks", {"prompt": prompt, "echo": True, "max_tokens": 0}), line("next")]
+    done = wait_batch(client, submit(client, jsonl(rows)).id)
+    assert done.status == "completed"
+    text = client.files.content(done.output_file_id).text
+    out = [json.loads(x) for x in text.splitlines()]
+    assert [o["custom_id"] for o in out] == ["breaks", "next"]
+    assert out[0]["response"]["body"]["choices"][0]["text"] == prompt

@@ -21,6 +21,16 @@ NEVER_RAN = {
 }
 
 
+# Line breaks to str.splitlines() that JSON leaves unescaped. Escaping them keeps one request
+# per line for clients that split the file that way; in UTF-8 these byte sequences can only
+# occur inside strings, so the swap is always valid JSON.
+_RAW_BREAKS = (
+    (b"\xc2\x85", b"\\u0085"),
+    (b"\xe2\x80\xa8", b"\\u2028"),
+    (b"\xe2\x80\xa9", b"\\u2029"),
+)
+
+
 def _stable_id(prefix: str, batch_id: str, line_no: int) -> str:
     digest = hashlib.sha256(f"{prefix}:{batch_id}:{line_no}".encode()).hexdigest()[:24]
     return prefix + digest
@@ -60,7 +70,11 @@ def _line(row: BatchRequest, batch_id: str, completion_body: str | None) -> byte
             "request_id": request_id,
             "body": {"error": error},
         }
-    return orjson.dumps(line) + b"\n"
+    data = orjson.dumps(line)
+    for raw, escaped in _RAW_BREAKS:
+        if raw in data:
+            data = data.replace(raw, escaped)
+    return data + b"\n"
 
 
 def render(session: Session, batch: Batch, settings: Settings) -> tuple[int, int]:
