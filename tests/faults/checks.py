@@ -92,3 +92,17 @@ def attempts(stack: Any, batch_id: str) -> dict[int, int]:
             batch_id,
         )
     )
+
+
+def assert_no_half_file(stack: Any, client: Any, name: str, payload: bytes) -> Any:
+    """No chunk without its file row; a retried upload of the same bytes then lands whole."""
+    orphans = stack.scalar(
+        "SELECT count(*) FROM file_chunks c LEFT JOIN files f ON f.id = c.file_id "
+        "WHERE f.id IS NULL"
+    )
+    assert orphans == 0
+    retry = client.files.create(file=(name, payload), purpose="batch")
+    assert retry.bytes == len(payload)
+    assert retry.id in [f.id for f in client.files.list(purpose="batch").data]
+    assert client.files.content(retry.id).content == payload
+    return retry

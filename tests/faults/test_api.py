@@ -8,7 +8,7 @@ import time
 import uuid
 from urllib.parse import urlparse
 
-from tests.faults.checks import assert_batch_whole
+from tests.faults.checks import assert_batch_whole, assert_no_half_file
 from tests.faults.conftest import Stack
 from tests.faults.test_database import big_jsonl, upload_body, visible
 from tests.faults.test_workers import _lines
@@ -58,15 +58,7 @@ def test_api_sigkill_mid_upload(fault: Stack) -> None:
     client = fault.client()  # the folder's API: a fresh process
     assert visible(client, name) == []
     assert fault.scalar("SELECT count(*) FROM files WHERE filename = %s", name) == 0
-    assert (
-        fault.scalar(
-            "SELECT count(*) FROM file_chunks c LEFT JOIN files f ON f.id = c.file_id "
-            "WHERE f.id IS NULL"
-        )
-        == 0
-    )
-    retry = client.files.create(file=(name, payload), purpose="batch")
-    assert retry.bytes == len(payload)
+    retry = assert_no_half_file(fault, client, name, payload)
     assert [f.id for f in visible(client, name)] == [retry.id]
     print(f"api sigkill mid-upload: 3 MB of {len(payload)} sent, nothing left behind, retry ok")
 

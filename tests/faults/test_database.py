@@ -9,7 +9,12 @@ from typing import Any
 
 import httpx
 
-from tests.faults.checks import assert_batch_whole, attempts, wait_progress
+from tests.faults.checks import (
+    assert_batch_whole,
+    assert_no_half_file,
+    attempts,
+    wait_progress,
+)
 from tests.faults.conftest import Stack
 from tests.faults.test_workers import _lines
 from tests.helpers import jsonl, line, submit
@@ -96,20 +101,7 @@ def test_postgres_connections_dropped_mid_upload(fault: Stack) -> None:
     if not outcome.startswith("HTTP 200"):
         assert visible(client, name) == []
         assert fault.scalar("SELECT count(*) FROM files WHERE filename = %s", name) == 0
-    assert (
-        fault.scalar(
-            "SELECT count(*) FROM file_chunks c LEFT JOIN files f ON f.id = c.file_id "
-            "WHERE f.id IS NULL"
-        )
-        == 0
-    )
-
-    retry = client.files.create(file=(name, payload), purpose="batch")
-    assert retry.bytes == len(payload)
-    assert [f.id for f in visible(client, name)][-1:] == [retry.id] or retry.id in [
-        f.id for f in visible(client, name)
-    ]
-    assert client.files.content(retry.id).content == payload
+    retry = assert_no_half_file(fault, client, name, payload)
     print(
         f"pg drop mid-upload: {body.killed} connections killed, first try {outcome}; "  # type: ignore[attr-defined]
         f"retry {retry.bytes} bytes ok"
