@@ -12,9 +12,10 @@ from pathlib import Path
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "completions.jsonl"
 
 
-def _run(path: Path, home: Path) -> subprocess.CompletedProcess[str]:
+def _run(path: Path, home: Path, **settings: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHWRIGHT_")}
     env["BATCHWRIGHT_HOME"] = str(home)
+    env.update({f"BATCHWRIGHT_{k.upper()}": v for k, v in settings.items()})
     return subprocess.run(
         [sys.executable, "-m", "batchwright.cli", "run", str(path), "--quiet"],
         env=env,
@@ -73,3 +74,14 @@ def test_run_invalid_file_fails_with_line_numbers(tmp_path: Path) -> None:
     done = _run(src, tmp_path / "home")
     assert done.returncode == 1
     assert "line 2" in done.stdout and "invalid_json_line" in done.stdout
+
+
+def test_run_line_over_the_limit(tmp_path: Path) -> None:
+    src = tmp_path / "long.jsonl"
+    body = {"model": "demo", "prompt": "x" * 500}
+    src.write_text(
+        json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": body})
+    )
+    done = _run(src, tmp_path / "home", max_line_bytes="200")
+    assert done.returncode == 1
+    assert "line 1" in done.stdout and "line_too_long" in done.stdout

@@ -30,6 +30,8 @@ class Settings(BaseSettings):
 
     max_upload_bytes: int = 200 * 1024 * 1024
     max_batch_lines: int = 50_000
+    # One input line; a longer one fails validation instead of being held in memory.
+    max_line_bytes: int = 32 * 1024 * 1024
     # Storage granularity of file content rows; also the download chunk size.
     file_chunk_bytes: int = 1024 * 1024
     # Completion window accepted in the API ("24h") and how long it really lasts;

@@ -38,7 +38,7 @@ def validate(session: Session, batch: Batch, registry: Registry, settings: Setti
     if batch.expires_at is not None and now() >= batch.expires_at:
         finish(session, batch, "expired", settings)
         return
-    outcome = scan_input(session, batch, registry, settings.max_batch_lines)
+    outcome = scan_input(session, batch, registry, settings)
     touch(batch)
     batch.model = outcome.model
     if outcome.errors:

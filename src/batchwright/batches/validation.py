@@ -13,6 +13,7 @@ import orjson
 from sqlalchemy import delete, insert
 from sqlalchemy.orm import Session
 
+from batchwright.config import Settings
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.files.storage import iter_lines
 from batchwright.protocol.completions import check_completion_body
@@ -95,7 +96,7 @@ def _parse_line(raw: bytes, line_no: int) -> tuple[dict[str, Any] | None, LineEr
     return obj, None
 
 
-def scan_input(session: Session, batch: Batch, registry: Registry, max_lines: int) -> Outcome:
+def scan_input(session: Session, batch: Batch, registry: Registry, settings: Settings) -> Outcome:
     out = Outcome()
     rows = _Rows(session, batch.id)
     seen: set[str] = set()
@@ -104,7 +105,15 @@ def scan_input(session: Session, batch: Batch, registry: Registry, max_lines: in
         out.errors.append(error)
         return len(out.errors) >= MAX_REPORTED_ERRORS
 
-    for line_no, raw in enumerate(iter_lines(session, batch.input_file_id), start=1):
+    max_lines = settings.max_batch_lines
+    lines = iter_lines(session, batch.input_file_id, settings.max_line_bytes)
+    for line_no, raw in enumerate(lines, start=1):
+        if raw is None:
+            out.total += 1
+            message = f"Line {line_no}: longer than {settings.max_line_bytes} bytes."
+            if fail(LineError("line_too_long", line_no, message)):
+                break
+            continue
         if line_no == 1 and raw.startswith(BOM):
             raw = raw[len(BOM) :]
         raw = raw.rstrip(b"\r")

@@ -62,13 +62,29 @@ def iter_chunks(session: Session, file_id: str) -> Iterator[bytes]:
         seq += 1
 
 
-def iter_lines(session: Session, file_id: str) -> Iterator[bytes]:
-    """Physical lines (without the newline), split across chunk boundaries."""
-    pending = b""
+def iter_lines(session: Session, file_id: str, max_line_bytes: int) -> Iterator[bytes | None]:
+    """Physical lines (without the newline), split across chunk boundaries.
+
+    A line longer than max_line_bytes comes out as None (its bytes are not kept), so one
+    enormous line cannot hold the whole file in memory.
+    """
+    buf = bytearray()
+    oversized = False
     for chunk in iter_chunks(session, file_id):
-        pending += chunk
-        lines = pending.split(b"\n")
-        pending = lines.pop()
-        yield from lines
-    if pending:
-        yield pending
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            piece = chunk[start:] if end == -1 else chunk[start:end]
+            if not oversized:
+                buf += piece
+                if len(buf) > max_line_bytes:
+                    oversized = True
+                    buf.clear()
+            if end == -1:
+                break
+            yield None if oversized else bytes(buf)
+            buf.clear()
+            oversized = False
+            start = end + 1
+    if buf or oversized:
+        yield None if oversized else bytes(buf)
