@@ -5,6 +5,5 @@ COPY pyproject.toml README.md alembic.ini ./
 COPY src ./src
 COPY migrations ./migrations
 RUN pip install --no-cache-dir -e .
-ENV BATCHWRIGHT_API_HOST=0.0.0.0
 EXPOSE 8000
 CMD ["batchwright", "serve", "--host", "0.0.0.0", "--port", "8000"]

@@ -47,8 +47,6 @@ class Settings(BaseSettings):
     work_slice_seconds: float = 60.0
     sweep_interval_seconds: float = 15.0
 
-    api_host: str = "127.0.0.1"
-    api_port: int = 8000
 
     @property
     def embedded(self) -> bool:

@@ -9,7 +9,6 @@ from batchwright.db.base import new_id, now
 from batchwright.db.models import File, FileChunk
 from batchwright.db.pagination import page
 from batchwright.errors import InvalidRequest, NotFound
-from batchwright.files.storage import ChunkWriter
 from batchwright.protocol.batches import FileObject, ListObject
 
 UPLOAD_PURPOSES = {"batch"}
@@ -28,10 +27,6 @@ def new_file(session: Session, project_id: str, filename: str, purpose: str) -> 
     session.add(file)
     session.flush()
     return file
-
-
-def writer_for(session: Session, file: File, chunk_bytes: int) -> ChunkWriter:
-    return ChunkWriter(session, file, chunk_bytes)
 
 
 def check_purpose(purpose: str | None) -> str:

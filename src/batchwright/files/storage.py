@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from batchwright.db.models import File, FileChunk
@@ -43,10 +43,6 @@ class ChunkWriter:
         self.file.bytes = self.size
         self.session.flush()
         return self.file
-
-
-def chunk_count(session: Session, file_id: str) -> int:
-    return int(session.scalar(select(func.count()).where(FileChunk.file_id == file_id)) or 0)
 
 
 def iter_chunks(session: Session, file_id: str) -> Iterator[bytes]:

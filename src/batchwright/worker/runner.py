@@ -64,7 +64,6 @@ def process(
     model: str,
     registry: Registry | None = None,
     engine_provider: Callable[[ModelSpec], Engine] = engine_for,
-    on_results: Callable[[int], None] | None = None,
 ) -> int:
     """Generate for queued rows of `model` until none are left or the time slice ends."""
     settings = get_settings()
@@ -80,9 +79,9 @@ def process(
             for result in engine.run(lease.requests()):
                 buffer.append(result)
                 if len(buffer) >= FLUSH_EVERY or time.monotonic() - last >= FLUSH_SECONDS:
-                    landed += _flush(lease.token, buffer, on_results)
+                    landed += _flush(lease.token, buffer)
                     buffer, last = [], time.monotonic()
-            landed += _flush(lease.token, buffer, on_results)
+            landed += _flush(lease.token, buffer)
     except Exception as exc:
         rows = getattr(engine, "max_rows", 1)
         if not is_out_of_memory(exc) or rows <= 1:
@@ -97,14 +96,11 @@ def process(
     return landed
 
 
-def _flush(token: str, buffer: list[GenResult], on_results: Callable[[int], None] | None) -> int:
+def _flush(token: str, buffer: list[GenResult]) -> int:
     if not buffer:
         return 0
     with session_scope() as session:
-        landed = write_results(session, token, buffer)
-    if on_results is not None:
-        on_results(landed)
-    return landed
+        return write_results(session, token, buffer)
 
 
 def _fail_exhausted(session: Session, max_attempts: int) -> int:
