@@ -47,7 +47,6 @@ class Settings(BaseSettings):
     work_slice_seconds: float = 60.0
     sweep_interval_seconds: float = 15.0
 
-
     @property
     def embedded(self) -> bool:
         return not self.broker_url

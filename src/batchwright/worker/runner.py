@@ -140,7 +140,7 @@ def sweep() -> dict[str, int]:
     """Re-drive what a crash, a lost message or a dead worker left behind."""
     settings = get_settings()
     now = time.time()
-    stats = {"requeued": 0, "exhausted": 0, "redriven": 0}
+    stats = {"requeued": 0, "exhausted": 0, "batches": 0}
     dispatcher = get_dispatcher()
     with session_scope() as session:
         stats["requeued"] = session.execute(
@@ -152,23 +152,31 @@ def sweep() -> dict[str, int]:
     # below would invert finalize's order (batch, then lines).
     with session_scope() as session:
         stats["exhausted"] = _fail_exhausted(session, settings.max_attempts)
-        batches = session.execute(
-            select(Batch.id, Batch.status, Batch.model, Batch.updated_at, Batch.expires_at).where(
-                Batch.status.in_(("validating", "in_progress", "finalizing", "cancelling"))
+        pending = (
+            select(BatchRequest.id)
+            .where(
+                BatchRequest.batch_id == Batch.id,
+                BatchRequest.state.in_(lifecycle.UNFINISHED),
             )
+            .exists()
+        )
+        batches = session.execute(
+            select(
+                Batch.id, Batch.status, Batch.model, Batch.updated_at, Batch.expires_at, pending
+            ).where(Batch.status.in_(("validating", "in_progress", "finalizing", "cancelling")))
         ).all()
     models: set[str] = set()
-    for batch_id, status, model, updated_at, expires_at in batches:
+    for batch_id, status, model, updated_at, expires_at, has_pending in batches:
         stale = now - updated_at > settings.sweep_interval_seconds
         expired = expires_at is not None and now >= expires_at
-        if status == "validating" and stale and not expired:
-            dispatcher.send(VALIDATE, batch_id)
-        elif status == "in_progress" and model and not expired:
-            models.add(model)
-            dispatcher.send(FINALIZE, batch_id)  # a no-op while lines remain
+        if status == "validating" and not expired:
+            if stale:  # validating for a whole interval: its message was probably lost
+                dispatcher.send(VALIDATE, batch_id)
+        elif status == "in_progress" and model and has_pending and not expired:
+            models.add(model)  # one wake-up per model, not one message per batch
         else:
             dispatcher.send(FINALIZE, batch_id)
-        stats["redriven"] += 1
+    stats["batches"] = len(batches)
     for model in models:
         dispatcher.send(PROCESS, model)
     return stats
