@@ -205,6 +205,23 @@ class BatchCache:
         self.mask = torch.cat([lpad(self.mask, self.columns), lpad(other.mask, other.columns)])
         self.cache = _from_buffers(kv, width)
 
+    @classmethod
+    def unpack(cls, packed: DynamicCache, bounds: list[tuple[int, int]]) -> BatchCache:
+        """One left-padded row per [start, end) segment of a packed single-row cache."""
+        width = max(e - s for s, e in bounds)
+        kv = []
+        for k, v in _kv(packed):
+            k2 = k.new_zeros((len(bounds), k.shape[1], width, k.shape[3]))
+            v2 = v.new_zeros((len(bounds), v.shape[1], width, v.shape[3]))
+            for i, (s, e) in enumerate(bounds):
+                k2[i, :, width - (e - s) :] = k[0, :, s:e]
+                v2[i, :, width - (e - s) :] = v[0, :, s:e]
+            kv.append((k2, v2))
+        dev = kv[0][0].device if kv else None
+        lens = torch.tensor([e - s for s, e in bounds], device=dev)
+        mask = (torch.arange(width, device=dev)[None, :] >= (width - lens)[:, None]).long()
+        return cls(_from_layers(kv), mask)
+
     def expand(self, index: torch.Tensor) -> BatchCache:
         """A new cache whose row i is this cache's row index[i] (n / best_of candidates)."""
         kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in _kv(self.cache)]

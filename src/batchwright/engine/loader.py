@@ -13,11 +13,12 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from batchwright.engine import attention
 from batchwright.engine.demo import build_demo_model
 from batchwright.registry import DEMO_MODEL, ModelSpec
 
 # Bump when a change in the engine can change outputs for the same weights and parameters.
-ENGINE_VERSION = "1"
+ENGINE_VERSION = "2"
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _FULL_HASH_LIMIT = 64 * 1024 * 1024
@@ -37,6 +38,7 @@ class LoadedModel:
     cache_kwarg: str  # "cache" (transformers ≥5) or "past_key_values"
     has_logits_to_keep: bool
     fingerprint: str
+    varlen: bool = False  # the model runs batchwright's variable-length attention
 
 
 def resolve_device(name: str) -> torch.device:
@@ -99,7 +101,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    model, varlen = _from_pretrained(path, dtype)
     model.to(device)
     model.eval()
     text_config = model.config.get_text_config()
@@ -115,6 +117,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         "max_rows": spec.max_rows,
         "max_batch_tokens": spec.max_batch_tokens,
         "context_length": context,
+        "varlen": varlen,
         "torch": ".".join(torch.__version__.split(".")[:2]),
         "transformers": ".".join(transformers.__version__.split(".")[:2]),
     }
@@ -129,4 +132,18 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         cache_kwarg="cache" if "cache" in params else "past_key_values",
         has_logits_to_keep="logits_to_keep" in params,
         fingerprint=fingerprint(path, engine_config),
+        varlen=varlen,
     )
+
+
+def _from_pretrained(path: Path, dtype: torch.dtype) -> tuple[Any, bool]:
+    """The model with variable-length attention, or plain SDPA where it cannot take it."""
+    attention.register()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, attn_implementation=attention.NAME
+        )
+        return model, True
+    except (ValueError, KeyError):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+        return model, False

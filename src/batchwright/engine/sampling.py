@@ -14,6 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
+# Log-probability buckets for the nucleus boundary search: 32 nats below the top token.
+_BINS = 256
+_PER_NAT = 8
+
 
 @dataclass
 class RowParams:
@@ -52,7 +56,7 @@ class BatchSampler:
         self.top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=device)
         nucleus = [i for i, r in enumerate(rows) if r.top_p < 1.0 and r.temperature > 0.0]
         self.any_top_p = bool(nucleus)
-        # Only nucleus rows pay for the vocabulary sort.
+        # Only nucleus rows pay for the sort.
         self.nucleus_rows = torch.tensor(nucleus, dtype=torch.long, device=device)
         self.presence = torch.tensor(
             [r.presence_penalty for r in rows], dtype=torch.float32, device=device
@@ -96,22 +100,47 @@ class BatchSampler:
         u = torch.tensor([r.rng.random() for r in self.rows], dtype=torch.float32)
         u = u.to(adj.device)
         probs = torch.softmax(adj / self.temperature[:, None], dim=-1)
+        if self.any_top_p:
+            rows = self.nucleus_rows
+            sub = probs.index_select(0, rows)
+            floor = _nucleus_floor(sub, self.top_p.index_select(0, rows))
+            probs[rows] = sub * (sub >= floor)
+        # Inverse CDF in vocabulary order: exact for the (possibly truncated) distribution
+        # and cheap, as nothing but the nucleus boundary needs a sort.
         cdf = probs.cumsum(dim=-1)
         target = (u * cdf[:, -1])[:, None]
         last = probs.shape[-1] - 1
-        tokens = torch.searchsorted(cdf, target, right=True).clamp_(max=last)[:, 0]
-        if self.any_top_p:
-            rows = self.nucleus_rows
-            sub, order = probs.index_select(0, rows).sort(dim=-1, descending=True)
-            before = sub.cumsum(dim=-1) - sub
-            # Keep the smallest prefix whose mass reaches top_p; the top token always stays.
-            keep = before < self.top_p.index_select(0, rows)[:, None]
-            keep[:, 0] = True
-            sub_cdf = (sub * keep).cumsum(dim=-1)
-            sub_target = u.index_select(0, rows)[:, None] * sub_cdf[:, -1:]
-            idx = torch.searchsorted(sub_cdf, sub_target, right=True).clamp_(max=last)
-            tokens[rows] = order.gather(1, idx)[:, 0]
-        return tokens
+        return torch.searchsorted(cdf, target, right=True).clamp_(max=last)[:, 0]
+
+
+def _nucleus_floor(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Per row, the smallest probability inside the nucleus: the smallest set of most likely
+    tokens whose mass reaches top_p (the top token always stays; ties at the boundary all
+    stay).
+
+    A full sort of the vocabulary is the slow part of nucleus sampling, so the tokens are
+    first bucketed by log-probability: whole buckets above the boundary are in, buckets
+    below are out, and only the boundary bucket is sorted.
+    """
+    rows = probs.shape[0]
+    logp = torch.log(probs / probs.amax(dim=-1, keepdim=True))
+    # Bucket _BINS - 1 holds the top token; each bucket spans 1/_PER_NAT nats.
+    bucket = (logp * _PER_NAT + _BINS - 1).floor_().clamp_(min=0).long()
+    mass = probs.new_zeros((rows, _BINS)).scatter_add_(1, bucket, probs)
+    # above[b]: mass of all more likely buckets. The boundary is the lowest bucket whose
+    # tokens can still start below top_p (above is non-increasing in b).
+    above = mass.flip(-1).cumsum(-1).flip(-1) - mass
+    starts_below = above < top_p[:, None]
+    edge = starts_below.to(torch.int8).argmax(dim=-1, keepdim=True)
+    # top_p 0: no bucket qualifies, and only the top token stays.
+    edge = torch.where(starts_below.any(dim=-1, keepdim=True), edge, _BINS - 1)
+    inside = bucket == edge
+    k = max(1, int(inside.sum(dim=-1).max()))
+    vals = torch.where(inside, probs, -1.0).topk(k, dim=-1).values
+    before = above.gather(1, edge) + vals.clamp(min=0).cumsum(dim=-1) - vals.clamp(min=0)
+    kept = ((before < top_p[:, None]) & (vals >= 0)).sum(dim=-1).clamp_(min=1)
+    # An empty boundary bucket (the whole row's mass rounds below top_p): keep everything.
+    return vals.gather(1, (kept - 1)[:, None]).clamp_(min=0.0)
 
 
 def update_counts(counts: torch.Tensor, tokens: list[int]) -> None:

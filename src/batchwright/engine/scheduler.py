@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from batchwright.engine.attention import ragged
 from batchwright.engine.jobs import Job, Seq
 from batchwright.engine.kvcache import BatchCache, empty_batch, new_cache
 from batchwright.engine.sampling import BatchSampler, RowParams, StepOut, update_counts
@@ -39,6 +40,10 @@ class _Unit:
 
 # Parameters of a dead slot: greedy and plain, so it costs nothing extra to sample.
 _IDLE = RowParams(0.0, 1.0, 0.0, 0.0, {}, None, random.Random(0))
+# Rows per decode attention group (see attention.py): small on CPU, where that keeps a
+# group's keys and values in cache; large on CUDA, where every call is a kernel launch.
+_GROUP_ROWS = {"cpu": 8}
+_GROUP_ROWS_DEFAULT = 64
 
 
 class Scheduler:
@@ -55,6 +60,9 @@ class Scheduler:
         self.sampler = BatchSampler([], self.vocab, dev)
         self.alive = torch.zeros(0, dtype=torch.bool, device=dev)
         self.pending: deque[_Unit] = deque()
+        self.varlen = engine.lm.varlen
+        self.exhausted = False
+        self.group_rows = _GROUP_ROWS.get(dev.type, _GROUP_ROWS_DEFAULT)
 
     @property
     def live(self) -> int:
@@ -62,39 +70,24 @@ class Scheduler:
 
     def run(self, requests: Iterable[GenRequest]) -> Iterator[GenResult]:
         it = iter(requests)
-        exhausted = False
         while True:
             units: list[_Unit] = []
             free = self.e.max_rows - self.live
-            width = 0
+            width = packed = 0
             while free > 0:
                 if not self.pending:
-                    if exhausted:
+                    if self.exhausted:
                         break
-                    greq = next(it, None)
-                    if greq is None:
-                        exhausted = True
-                        break
-                    job = self.e.prepare(greq)
-                    if isinstance(job, GenResult):
-                        yield job
-                        continue
-                    if job.needs_prompt_scores:
-                        k = job.req.logprobs or 0
-                        job.prompt_scores = {
-                            i: self.e.score_prompt(p, k) for i, p in enumerate(job.prompts)
-                        }
-                    if job.done:
-                        yield self.e.result(job)
-                        continue
-                    for p in range(len(job.prompts)):
-                        seqs = [s for s in job.seqs if s.prompt_index == p]
-                        self.pending.append(_Unit(job, p, seqs))
+                    yield from self._pull(it)
+                    continue
                 unit = self.pending[0]
                 w = max(width, len(unit.prompt))
-                # max_batch_tokens bounds the padded prefill; a lone long prompt still runs.
-                if units and w * (len(units) + 1) > self.e.max_batch_tokens:
+                # max_batch_tokens bounds the prefill (packed, or padded without varlen
+                # attention); a lone long prompt still runs.
+                tokens = packed + len(unit.prompt) if self.varlen else w * (len(units) + 1)
+                if units and tokens > self.e.max_batch_tokens:
                     break
+                packed += len(unit.prompt)
                 if len(unit.seqs) > free:
                     units.append(_Unit(unit.job, unit.prompt_index, unit.seqs[:free]))
                     unit.seqs = unit.seqs[free:]
@@ -107,18 +100,53 @@ class Scheduler:
             self._maybe_compact()
             if self.live:
                 yield from self._decode()
-            elif not units and not self.pending and exhausted:
+            elif not units and not self.pending and self.exhausted:
                 return
+
+    def _pull(self, it: Iterator[GenRequest]) -> Iterator[GenResult]:
+        """Read up to max_rows requests ahead into `pending`, longest generation first.
+
+        Admitting long generations first leaves the short ones for the end of the input, so
+        the batch stays full until close to the end instead of draining on a few long rows.
+        Reading at most max_rows ahead keeps memory bounded by configuration.
+        """
+        units: list[_Unit] = []
+        for _ in range(self.e.max_rows):
+            greq = next(it, None)
+            if greq is None:
+                self.exhausted = True
+                break
+            job = self.e.prepare(greq)
+            if isinstance(job, GenResult):
+                yield job
+                continue
+            if job.needs_prompt_scores:
+                k = job.req.logprobs or 0
+                job.prompt_scores = {
+                    i: self.e.score_prompt(p, k) for i, p in enumerate(job.prompts)
+                }
+            if job.done:
+                yield self.e.result(job)
+                continue
+            for p in range(len(job.prompts)):
+                seqs = [s for s in job.seqs if s.prompt_index == p]
+                units.append(_Unit(job, p, seqs))
+        units.sort(key=lambda u: -u.job.req.max_tokens)
+        self.pending.extend(units)
 
     @torch.inference_mode()
     def _maybe_compact(self) -> None:
         """Drop dead slots nobody is waiting for, and long all-padding column prefixes."""
+        if not self.seqs:
+            return
         dead = len(self.seqs) - self.live
         wasted_rows = dead > 0 and not self.pending and 4 * dead >= len(self.seqs)
         wasted_cols = self.batch.dead_prefix() >= max(64, self.batch.columns // 4)
-        if not (wasted_rows or wasted_cols) or not self.seqs:
-            return
-        keep = [i for i, s in enumerate(self.seqs) if s is not None]
+        if wasted_rows or wasted_cols:
+            self._take([i for i, s in enumerate(self.seqs) if s is not None])
+
+    def _take(self, keep: list[int]) -> None:
+        """Keep the slots `keep`, in that order (the cache is copied once)."""
         rows = torch.tensor(keep, dtype=torch.long, device=self.device)
         self.batch.compact(rows)
         self.seqs = [self.seqs[i] for i in keep]
@@ -127,14 +155,17 @@ class Scheduler:
         self.counts = self.counts.index_select(0, rows)
         self._resample()
 
+    def _attention_lengths(self) -> list[int]:
+        """Columns each row attends to in the next decode step (1 for a dead slot)."""
+        lens: list[int] = torch.where(self.alive, self.lengths + 1, 1).tolist()
+        return lens
+
     def _resample(self) -> None:
         params = [s.params if s is not None else _IDLE for s in self.seqs]
         self.sampler = BatchSampler(params, self.vocab, self.device)
         self.alive = torch.tensor([s is not None for s in self.seqs], device=self.device)
 
-    @torch.inference_mode()
-    def _prefill(self, units: list[_Unit]) -> list[GenResult]:
-        dev = self.device
+    def _prefill_padded(self, units: list[_Unit]) -> tuple[torch.Tensor, BatchCache]:
         width = max(len(u.prompt) for u in units)
         ids = torch.zeros((len(units), width), dtype=torch.long)
         mask = torch.zeros((len(units), width), dtype=torch.long)
@@ -142,13 +173,29 @@ class Scheduler:
             n = len(u.prompt)
             ids[i, width - n :] = torch.tensor(u.prompt)
             mask[i, width - n :] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
+        ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(1) - 1).clamp(min=0)
         cache = new_cache()
         logits = self.e.forward_last(ids, mask, positions, cache)
+        return logits, BatchCache(cache, mask)
+
+    def _prefill_packed(self, units: list[_Unit]) -> tuple[torch.Tensor, BatchCache]:
+        cache = new_cache()
+        prompts = [u.prompt for u in units]
+        logits = self.e.forward_packed(prompts, cache)
+        bounds, start = [], 0
+        for p in prompts:
+            bounds.append((start, start + len(p)))
+            start += len(p)
+        return logits, BatchCache.unpack(cache, bounds)
+
+    @torch.inference_mode()
+    def _prefill(self, units: list[_Unit]) -> list[GenResult]:
+        dev = self.device
+        prefill = self._prefill_packed if self.varlen else self._prefill_padded
+        logits, part = prefill(units)
         index = torch.tensor([i for i, u in enumerate(units) for _ in u.seqs], device=dev)
         seqs = [s for u in units for s in u.seqs]
-        part = BatchCache(cache, mask)
         if len(seqs) != len(units):
             part = part.expand(index)
             logits = logits.index_select(0, index)
@@ -194,9 +241,16 @@ class Scheduler:
     def _decode(self) -> list[GenResult]:
         # Dead slots run too (cheaper than reshaping the batch every step). Their new column
         # is unmasked so no attention row is fully masked (SDPA would produce NaNs there).
-        mask = self.batch.append_column()
+        mask: torch.Tensor | None = self.batch.append_column()
         positions = torch.where(self.alive, self.lengths, 0)[:, None]
-        logits = self.e.forward_last(self.next_tokens[:, None], mask, positions, self.batch.cache)
+        plan = None
+        if self.varlen:
+            # A dead slot attends to its own new column only.
+            plan = ragged(self._attention_lengths(), self.group_rows, self.device)
+            mask = None
+        logits = self.e.forward_last(
+            self.next_tokens[:, None], mask, positions, self.batch.cache, plan
+        )
         self.lengths = self.lengths + 1
         out = self.sampler.step(logits, self.counts)
         update_counts(self.counts, out.tokens)
