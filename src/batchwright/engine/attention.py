@@ -1,18 +1,16 @@
-"""Variable-length attention: packed prefill and length-grouped decode over a padded cache.
+"""Variable-length attention: one forward carries the decode step and the prompts being
+admitted, with no padding anywhere in the linear layers.
 
 The model runs with `attn_implementation="batchwright"`. Before a forward the scheduler
-sets a plan describing the rows; without one (prompt scoring, anything else) this is
-plain SDPA with the mask transformers builds.
+sets a `Step` plan; without one (prompt scoring, anything else) this is plain SDPA with
+the mask transformers builds.
 
-- `Packed`: several prompts back to back in one row; each segment attends causally to
-  itself only. Linear layers see no padding at all.
-- `Ragged`: a decode step over the left-padded batch cache. A row's real tokens are its
-  last `length` columns, so a group of neighbouring rows only needs the columns of its
-  longest row. Without this, every row attends over the longest row of the whole batch,
-  which on a mixed file is about twice the work. Small groups also run faster per
-  column on CPU (measured: 8 rows ~33 ns per row-column, one call over 64 rows ~88 ns,
-  as the group's keys and values then stay in cache); on CUDA each call costs a launch,
-  so groups are large there.
+- Decode rows read the left-padded batch cache. A row's real tokens are its last
+  `length` columns, so a group of neighbouring rows only needs the columns of its longest
+  row instead of the longest row of the whole batch (about half the reads on a mixed
+  file). Small groups also run faster per column on CPU, where a group's keys and values
+  then stay in cache; on CUDA each call costs a launch, so groups are large there.
+- Each prompt attends causally to itself only.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,23 +30,29 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 NAME = "batchwright"
 
 
-@dataclass(frozen=True)
-class Packed:
-    bounds: list[tuple[int, int]]  # [start, end) of each prompt in the packed row
+@dataclass(eq=False)
+class Step:
+    """One forward over a single packed row: `rows` decode tokens (one per batch row, in
+    slot order) followed by the prompts being admitted, back to back.
 
+    The forward runs without a transformers cache: this attention appends each decode
+    token's key and value to the batch cache itself and keeps the prompts' keys and values
+    in `captured` (per layer) for the scheduler to place into the batch afterwards.
+    """
 
-@dataclass(frozen=True)
-class Ragged:
-    groups: list[tuple[int, int, int]]  # rows [start, end) attending over the last `width` cols
+    rows: int
+    cache: Any  # the batch's DynamicCache of _GrowLayers; unused when rows == 0
+    groups: list[tuple[int, int, int]]  # decode rows [start, end) over the last `width` cols
     masks: list[torch.Tensor | None]  # per group, [rows, 1, 1, width]; None when all full
+    bounds: list[tuple[int, int]]  # [start, end) of each prompt, counted after the rows
+    captured: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
-Plan = Packed | Ragged
-_PLAN: ContextVar[Plan | None] = ContextVar("batchwright_attention_plan", default=None)
+_PLAN: ContextVar[Step | None] = ContextVar("batchwright_attention_plan", default=None)
 
 
 @contextmanager
-def planned(plan: Plan | None) -> Iterator[None]:
+def planned(plan: Step | None) -> Iterator[None]:
     token = _PLAN.set(plan)
     try:
         yield
@@ -64,8 +68,10 @@ def group_rows(lengths: list[int], rows: int) -> list[tuple[int, int, int]]:
     ]
 
 
-def ragged(lengths: list[int], rows: int, device: torch.device) -> Ragged:
-    """Decode plan: row i attends to its last `lengths[i]` columns (each at least 1)."""
+def decode_groups(
+    lengths: list[int], rows: int, device: torch.device
+) -> tuple[list[tuple[int, int, int]], list[torch.Tensor | None]]:
+    """Row i attends to its last `lengths[i]` columns (each at least 1)."""
     groups = group_rows(lengths, rows)
     masks: list[torch.Tensor | None] = []
     for a, b, w in groups:
@@ -75,7 +81,7 @@ def ragged(lengths: list[int], rows: int, device: torch.device) -> Ragged:
         lens = torch.tensor(lengths[a:b], device=device)
         cols = torch.arange(w, device=device)
         masks.append((cols[None, :] >= (w - lens)[:, None])[:, None, None, :])
-    return Ragged(groups, masks)
+    return groups, masks
 
 
 def attention(
@@ -95,25 +101,35 @@ def attention(
         )
         return out
     gqa = query.shape[1] != key.shape[1]
-    result = query.new_empty((*query.shape[:-1], value.shape[-1]))
-    if isinstance(plan, Packed):
-        for s, e in plan.bounds:
-            result[:, :, s:e] = F.scaled_dot_product_attention(
-                query[:, :, s:e],
-                key[:, :, s:e],
-                value[:, :, s:e],
-                is_causal=e - s > 1,
+    result = query.new_empty((*query.shape[:-1], value.shape[-1]))  # [1, heads, tokens, dim]
+    n = plan.rows
+    if n:
+        layer = plan.cache.layers[module.layer_idx]
+        # [1, heads, rows, dim] -> [rows, heads, 1, dim]: one new column per batch row.
+        keys, values = layer.update(
+            key[0, :, :n, None].transpose(0, 1), value[0, :, :n, None].transpose(0, 1)
+        )
+        q = query[0, :, :n, None].transpose(0, 1)
+        cols = keys.shape[2]
+        for (a, b, w), mask in zip(plan.groups, plan.masks, strict=True):
+            out_rows = F.scaled_dot_product_attention(
+                q[a:b],
+                keys[a:b, :, cols - w :],
+                values[a:b, :, cols - w :],
+                attn_mask=mask,
                 scale=scaling,
                 enable_gqa=gqa,
             )
-    else:
-        cols = key.shape[2]
-        for (a, b, w), mask in zip(plan.groups, plan.masks, strict=True):
-            result[a:b] = F.scaled_dot_product_attention(
-                query[a:b],
-                key[a:b, :, cols - w :],
-                value[a:b, :, cols - w :],
-                attn_mask=mask,
+            result[0, :, a:b] = out_rows[:, :, 0].transpose(0, 1)
+    if plan.bounds:
+        pk, pv = key[:, :, n:], value[:, :, n:]
+        plan.captured[module.layer_idx] = (pk, pv)
+        for s, e in plan.bounds:
+            result[:, :, n + s : n + e] = F.scaled_dot_product_attention(
+                query[:, :, n + s : n + e],
+                pk[:, :, s:e],
+                pv[:, :, s:e],
+                is_causal=e - s > 1,
                 scale=scaling,
                 enable_gqa=gqa,
             )

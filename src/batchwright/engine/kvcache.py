@@ -206,18 +206,21 @@ class BatchCache:
         self.cache = _from_buffers(kv, width)
 
     @classmethod
-    def unpack(cls, packed: DynamicCache, bounds: list[tuple[int, int]]) -> BatchCache:
-        """One left-padded row per [start, end) segment of a packed single-row cache."""
+    def unpack(
+        cls, packed: list[tuple[torch.Tensor, torch.Tensor]], bounds: list[tuple[int, int]]
+    ) -> BatchCache:
+        """One left-padded row per [start, end) segment of packed single-row keys/values
+        (one pair per layer)."""
         width = max(e - s for s, e in bounds)
         kv = []
-        for k, v in _kv(packed):
+        for k, v in packed:
             k2 = k.new_zeros((len(bounds), k.shape[1], width, k.shape[3]))
             v2 = v.new_zeros((len(bounds), v.shape[1], width, v.shape[3]))
             for i, (s, e) in enumerate(bounds):
                 k2[i, :, width - (e - s) :] = k[0, :, s:e]
                 v2[i, :, width - (e - s) :] = v[0, :, s:e]
             kv.append((k2, v2))
-        dev = kv[0][0].device if kv else None
+        dev = packed[0][0].device
         lens = torch.tensor([e - s for s, e in bounds], device=dev)
         mask = (torch.arange(width, device=dev)[None, :] >= (width - lens)[:, None]).long()
         return cls(_from_layers(kv), mask)

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from batchwright.engine.attention import Packed, Plan, planned
+from batchwright.engine.attention import Step, planned
 from batchwright.engine.jobs import Job, PromptScores, prepare
 from batchwright.engine.loader import LoadedModel, load_model
 from batchwright.engine.result import build_result
@@ -78,43 +78,26 @@ class Engine:
     # --- model ---------------------------------------------------------------------------
 
     def forward_last(
-        self,
-        ids: torch.Tensor,
-        mask: torch.Tensor | None,
-        positions: torch.Tensor,
-        cache: Any,
-        plan: Plan | None = None,
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
     ) -> torch.Tensor:
         """Logits [rows, vocab] at each row's last position, extending `cache` in place."""
         kwargs: dict[str, Any] = {self.lm.cache_kwarg: cache, "use_cache": True}
         if self.lm.has_logits_to_keep:
             kwargs["logits_to_keep"] = 1
-        with planned(plan):
-            out = self.lm.model(
-                input_ids=ids, attention_mask=mask, position_ids=positions, **kwargs
-            )
+        out = self.lm.model(input_ids=ids, attention_mask=mask, position_ids=positions, **kwargs)
         logits: torch.Tensor = out.logits[:, -1, :]
         return logits
 
-    def forward_packed(self, prompts: list[list[int]], cache: Any) -> torch.Tensor:
-        """Logits [prompts, vocab] at each prompt's last token; the prompts share one row.
-
-        Needs the variable-length attention (`lm.varlen`): each prompt attends to itself only.
-        """
-        dev = self.lm.device
-        bounds, ends, start = [], [], 0
-        for p in prompts:
-            bounds.append((start, start + len(p)))
-            start += len(p)
-            ends.append(start - 1)
-        ids = torch.tensor([[t for p in prompts for t in p]], device=dev)
-        positions = torch.cat([torch.arange(len(p)) for p in prompts])[None, :].to(dev)
-        keep = torch.tensor(ends, device=dev)
-        kwargs: dict[str, Any] = {self.lm.cache_kwarg: cache, "use_cache": True}
+    def forward_step(
+        self, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, plan: Step
+    ) -> torch.Tensor:
+        """One packed row through the model under `plan` (needs `lm.varlen`); logits
+        [len(keep), vocab] at the positions `keep`."""
+        kwargs: dict[str, Any] = {"use_cache": False}
         if self.lm.has_logits_to_keep:
             kwargs["logits_to_keep"] = keep
-        with planned(Packed(bounds)):
-            out = self.lm.model(input_ids=ids, position_ids=positions, **kwargs)
+        with planned(plan):
+            out = self.lm.model(input_ids=ids[None], position_ids=positions[None], **kwargs)
         logits: torch.Tensor = out.logits[0]
         return logits if self.lm.has_logits_to_keep else logits.index_select(0, keep)
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from batchwright.engine.attention import ragged
+from batchwright.engine.attention import Step, decode_groups
 from batchwright.engine.jobs import Job, Seq
 from batchwright.engine.kvcache import BatchCache, empty_batch, new_cache
 from batchwright.engine.sampling import BatchSampler, RowParams, StepOut, update_counts
@@ -95,12 +95,15 @@ class Scheduler:
                     units.append(self.pending.popleft())
                 free -= len(units[-1].seqs)
                 width = w
-            if units:
+            if self.varlen:
+                if units or self.live:
+                    yield from self._step(units)
+            elif units:
                 yield from self._prefill(units)
             self._maybe_compact()
-            if self.live:
+            if not self.varlen and self.live:
                 yield from self._decode()
-            elif not units and not self.pending and self.exhausted:
+            if not units and not self.live and not self.pending and self.exhausted:
                 return
 
     def _pull(self, it: Iterator[GenRequest]) -> Iterator[GenResult]:
@@ -163,9 +166,43 @@ class Scheduler:
     def _resample(self) -> None:
         params = [s.params if s is not None else _IDLE for s in self.seqs]
         self.sampler = BatchSampler(params, self.vocab, self.device)
-        self.alive = torch.tensor([s is not None for s in self.seqs], device=self.device)
+        self.alive = torch.tensor(
+            [s is not None for s in self.seqs], dtype=torch.bool, device=self.device
+        )
 
-    def _prefill_padded(self, units: list[_Unit]) -> tuple[torch.Tensor, BatchCache]:
+    @torch.inference_mode()
+    def _step(self, units: list[_Unit]) -> list[GenResult]:
+        """One forward for the decode step of every row and the prefill of `units`."""
+        dev = self.device
+        rows = len(self.seqs) if self.live else 0
+        prompts = [u.prompt for u in units]
+        bounds, start = [], 0
+        for p in prompts:
+            bounds.append((start, start + len(p)))
+            start += len(p)
+        ids = [self.next_tokens[:rows]]
+        positions = [torch.where(self.alive, self.lengths, 0)[:rows]]
+        if prompts:
+            ids.append(torch.tensor([t for p in prompts for t in p], device=dev))
+            positions.append(torch.cat([torch.arange(len(p), device=dev) for p in prompts]))
+        keep = [*range(rows), *(rows + e - 1 for _, e in bounds)]
+        groups, masks = [], []
+        if rows:
+            self.batch.append_column()
+            groups, masks = decode_groups(self._attention_lengths(), self.group_rows, dev)
+        plan = Step(rows, self.batch.cache, groups, masks, bounds)
+        logits = self.e.forward_step(
+            torch.cat(ids), torch.cat(positions), torch.tensor(keep, device=dev), plan
+        )
+        done = self._advance(logits[:rows]) if rows else []
+        if units:
+            packed = [plan.captured[i] for i in range(len(plan.captured))]
+            done += self._admit(units, logits[rows:], BatchCache.unpack(packed, bounds))
+        return done
+
+    @torch.inference_mode()
+    def _prefill(self, units: list[_Unit]) -> list[GenResult]:
+        """Prefill `units` as one left-padded batch (models without varlen attention)."""
         width = max(len(u.prompt) for u in units)
         ids = torch.zeros((len(units), width), dtype=torch.long)
         mask = torch.zeros((len(units), width), dtype=torch.long)
@@ -177,23 +214,39 @@ class Scheduler:
         positions = (mask.cumsum(1) - 1).clamp(min=0)
         cache = new_cache()
         logits = self.e.forward_last(ids, mask, positions, cache)
-        return logits, BatchCache(cache, mask)
-
-    def _prefill_packed(self, units: list[_Unit]) -> tuple[torch.Tensor, BatchCache]:
-        cache = new_cache()
-        prompts = [u.prompt for u in units]
-        logits = self.e.forward_packed(prompts, cache)
-        bounds, start = [], 0
-        for p in prompts:
-            bounds.append((start, start + len(p)))
-            start += len(p)
-        return logits, BatchCache.unpack(cache, bounds)
+        return self._admit(units, logits, BatchCache(cache, mask))
 
     @torch.inference_mode()
-    def _prefill(self, units: list[_Unit]) -> list[GenResult]:
+    def _decode(self) -> list[GenResult]:
+        """One decode step over the padded batch (models without varlen attention)."""
+        # Dead slots run too (cheaper than reshaping the batch every step). Their new column
+        # is unmasked so no attention row is fully masked (SDPA would produce NaNs there).
+        mask = self.batch.append_column()
+        positions = torch.where(self.alive, self.lengths, 0)[:, None]
+        logits = self.e.forward_last(self.next_tokens[:, None], mask, positions, self.batch.cache)
+        return self._advance(logits)
+
+    def _advance(self, logits: torch.Tensor) -> list[GenResult]:
+        """Sample every row's next token from `logits`; rows that finish become dead slots."""
+        self.lengths = self.lengths + 1
+        out = self.sampler.step(logits, self.counts)
+        update_counts(self.counts, out.tokens)
+        self.next_tokens = torch.tensor(out.tokens, device=self.device)
+        done, keep = self._push(self.seqs, out)
+        kept = set(keep)
+        finished = [i for i, s in enumerate(self.seqs) if s is not None and i not in kept]
+        if finished:
+            for i in finished:
+                self.seqs[i] = None
+            self.batch.kill(finished)
+            self.counts[finished] = 0
+            self._resample()
+        return done
+
+    def _admit(self, units: list[_Unit], logits: torch.Tensor, part: BatchCache) -> list[GenResult]:
+        """First token of each candidate of `units` (prefilled into `part`, one row per unit);
+        the candidates still running take dead slots first, then new slots."""
         dev = self.device
-        prefill = self._prefill_packed if self.varlen else self._prefill_padded
-        logits, part = prefill(units)
         index = torch.tensor([i for i, u in enumerate(units) for _ in u.seqs], device=dev)
         seqs = [s for u in units for s in u.seqs]
         if len(seqs) != len(units):
@@ -212,7 +265,7 @@ class Scheduler:
             counts = counts.index_select(0, rows)
         new_tokens = torch.tensor([out.tokens[i] for i in keep], device=dev)
         lens = torch.tensor([len(seqs[i].prompt) for i in keep], device=dev)
-        # New rows take dead slots first (written in place); the rest become new slots.
+        # Dead slots are written in place; the rest become new slots.
         dead = [i for i, s in enumerate(self.seqs) if s is None][: len(keep)]
         if dead:
             n = len(dead)
@@ -235,35 +288,6 @@ class Scheduler:
             self.lengths = torch.cat([self.lengths, lens[n:]])
             self.counts = torch.cat([self.counts, counts[n:]])
         self._resample()
-        return done
-
-    @torch.inference_mode()
-    def _decode(self) -> list[GenResult]:
-        # Dead slots run too (cheaper than reshaping the batch every step). Their new column
-        # is unmasked so no attention row is fully masked (SDPA would produce NaNs there).
-        mask: torch.Tensor | None = self.batch.append_column()
-        positions = torch.where(self.alive, self.lengths, 0)[:, None]
-        plan = None
-        if self.varlen:
-            # A dead slot attends to its own new column only.
-            plan = ragged(self._attention_lengths(), self.group_rows, self.device)
-            mask = None
-        logits = self.e.forward_last(
-            self.next_tokens[:, None], mask, positions, self.batch.cache, plan
-        )
-        self.lengths = self.lengths + 1
-        out = self.sampler.step(logits, self.counts)
-        update_counts(self.counts, out.tokens)
-        self.next_tokens = torch.tensor(out.tokens, device=self.device)
-        done, keep = self._push(self.seqs, out)
-        kept = set(keep)
-        finished = [i for i, s in enumerate(self.seqs) if s is not None and i not in kept]
-        if finished:
-            for i in finished:
-                self.seqs[i] = None
-            self.batch.kill(finished)
-            self.counts[finished] = 0
-            self._resample()
         return done
 
     def _push(self, seqs: Sequence[Seq | None], out: StepOut) -> tuple[list[GenResult], list[int]]:
