@@ -103,8 +103,9 @@ def attention(
     gqa = query.shape[1] != key.shape[1]
     result = query.new_empty((*query.shape[:-1], value.shape[-1]))  # [1, heads, tokens, dim]
     n = plan.rows
+    layer_idx = int(module.layer_idx)  # type: ignore[arg-type]
     if n:
-        layer = plan.cache.layers[module.layer_idx]
+        layer = plan.cache.layers[layer_idx]
         # [1, heads, rows, dim] -> [rows, heads, 1, dim]: one new column per batch row.
         keys, values = layer.update(
             key[0, :, :n, None].transpose(0, 1), value[0, :, :n, None].transpose(0, 1)
@@ -123,7 +124,7 @@ def attention(
             result[0, :, a:b] = out_rows[:, :, 0].transpose(0, 1)
     if plan.bounds:
         pk, pv = key[:, :, n:], value[:, :, n:]
-        plan.captured[module.layer_idx] = (pk, pv)
+        plan.captured[layer_idx] = (pk, pv)
         for s, e in plan.bounds:
             result[:, :, n + s : n + e] = F.scaled_dot_product_attention(
                 query[:, :, n + s : n + e],

@@ -43,67 +43,82 @@ class StepOut:
 
 
 class BatchSampler:
-    """Tensors for one batch composition; rebuild it whenever rows join or leave."""
+    """Tensors for one batch composition; rebuild it whenever rows join or leave.
+
+    Each kind of work touches only the rows that asked for it: penalties, sampling (greedy
+    rows just take the argmax), the nucleus search and top-k logprobs.
+    """
 
     def __init__(self, rows: list[RowParams], vocab: int, device: torch.device) -> None:
         self.rows = rows
         self.vocab = vocab
-        self.greedy = torch.tensor([r.temperature == 0.0 for r in rows], device=device)
-        self.any_sample = not bool(self.greedy.all()) if rows else False
-        self.temperature = torch.tensor(
-            [r.temperature or 1.0 for r in rows], dtype=torch.float32, device=device
-        )
-        self.top_p = torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=device)
-        nucleus = [i for i, r in enumerate(rows) if r.top_p < 1.0 and r.temperature > 0.0]
-        self.any_top_p = bool(nucleus)
-        # Only nucleus rows pay for the sort.
-        self.nucleus_rows = torch.tensor(nucleus, dtype=torch.long, device=device)
-        self.presence = torch.tensor(
-            [r.presence_penalty for r in rows], dtype=torch.float32, device=device
-        )
-        self.frequency = torch.tensor(
-            [r.frequency_penalty for r in rows], dtype=torch.float32, device=device
-        )
-        self.any_penalty = any(r.penalised for r in rows)
+
+        def index(ids: list[int]) -> torch.Tensor:
+            return torch.tensor(ids, dtype=torch.long, device=device)
+
+        def floats(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=device)
+
+        self.sampled = [i for i, r in enumerate(rows) if r.temperature > 0.0]
+        self.sampled_rows = index(self.sampled)
+        self.temperature = floats([rows[i].temperature for i in self.sampled])
+        nucleus = [j for j, i in enumerate(self.sampled) if rows[i].top_p < 1.0]
+        self.nucleus = index(nucleus)  # positions among the sampled rows
+        self.top_p = floats([rows[self.sampled[j]].top_p for j in nucleus])
+        penalised = [i for i, r in enumerate(rows) if r.penalised]
+        self.penalised = index(penalised)
+        self.presence = floats([rows[i].presence_penalty for i in penalised])
+        self.frequency = floats([rows[i].frequency_penalty for i in penalised])
         self.bias: torch.Tensor | None = None
         if any(r.logit_bias for r in rows):
             self.bias = torch.zeros((len(rows), vocab), dtype=torch.float32, device=device)
             for i, r in enumerate(rows):
                 for tok, b in r.logit_bias.items():
                     self.bias[i, tok] = b
-        self.max_k = max((r.logprobs for r in rows if r.logprobs is not None), default=-1)
+        self.scored = [i for i, r in enumerate(rows) if r.logprobs]
+        self.scored_rows = index(self.scored)
+        self.max_k = max((rows[i].logprobs or 0 for i in self.scored), default=0)
 
     def step(self, logits: torch.Tensor, counts: torch.Tensor | None) -> StepOut:
         """Choose one token per row from `logits` [rows, vocab]."""
         logits = logits.float()
-        raw_lp = torch.log_softmax(logits, dim=-1)
+        lse = torch.logsumexp(logits, dim=-1)
         adj = logits
-        if self.any_penalty and counts is not None:
-            adj = (
-                adj
-                - counts * self.frequency[:, None]
-                - (counts > 0).to(adj.dtype) * self.presence[:, None]
-            )
         if self.bias is not None:
-            adj = adj + self.bias
+            adj = logits + self.bias
+        if len(self.penalised) and counts is not None:
+            adj = adj.clone() if adj is logits else adj
+            c = counts.index_select(0, self.penalised)
+            pen = c * self.frequency[:, None] + (c > 0).to(c.dtype) * self.presence[:, None]
+            adj.index_add_(0, self.penalised, pen, alpha=-1.0)
         tokens = adj.argmax(dim=-1)
-        if self.any_sample:
-            tokens = torch.where(self.greedy, tokens, self._draw(adj))
-        chosen = raw_lp.gather(1, tokens[:, None])[:, 0]
-        top_ids = top_lp = None
-        if self.max_k > 0:
-            vals, ids = raw_lp.topk(self.max_k, dim=-1)
-            top_ids, top_lp = ids.tolist(), vals.tolist()
+        if self.sampled:
+            if len(self.sampled) == len(self.rows):
+                tokens = self._draw(adj)
+            else:
+                tokens[self.sampled_rows] = self._draw(adj.index_select(0, self.sampled_rows))
+        # Logprobs come from the raw logits: log_softmax(x)[t] = x[t] - logsumexp(x).
+        chosen = logits.gather(1, tokens[:, None])[:, 0] - lse
+        top_ids: list[list[int]] | None = None
+        top_lp: list[list[float]] | None = None
+        if self.scored:
+            top_ids, top_lp = [[] for _ in self.rows], [[] for _ in self.rows]
+            sub = logits.index_select(0, self.scored_rows)
+            vals, ids = sub.topk(self.max_k, dim=-1)
+            vals = vals - lse.index_select(0, self.scored_rows)[:, None]
+            for i, row_ids, row_vals in zip(self.scored, ids.tolist(), vals.tolist(), strict=True):
+                top_ids[i], top_lp[i] = row_ids, row_vals
         return StepOut(tokens.tolist(), chosen.tolist(), top_ids, top_lp)
 
     def _draw(self, adj: torch.Tensor) -> torch.Tensor:
-        u = torch.tensor([r.rng.random() for r in self.rows], dtype=torch.float32)
+        """Sample each of the sampled rows (`adj` holds just those) with its own generator."""
+        u = torch.tensor([self.rows[i].rng.random() for i in self.sampled], dtype=torch.float32)
         u = u.to(adj.device)
         probs = torch.softmax(adj / self.temperature[:, None], dim=-1)
-        if self.any_top_p:
-            rows = self.nucleus_rows
+        if len(self.nucleus):
+            rows = self.nucleus
             sub = probs.index_select(0, rows)
-            floor = _nucleus_floor(sub, self.top_p.index_select(0, rows))
+            floor = _nucleus_floor(sub, self.top_p)
             probs[rows] = sub * (sub >= floor)
         # Inverse CDF in vocabulary order: exact for the (possibly truncated) distribution
         # and cheap, as nothing but the nucleus boundary needs a sort.
