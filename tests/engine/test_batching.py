@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from batchwright.engine.demo import build_demo_model
 from batchwright.engine.sampling import BatchSampler, RowParams, _nucleus_floor
+from tests.engine.conftest import Direct
 
 
 def _mixed_bodies(vocab: int, eos: set[int], count: int) -> list[dict[str, Any]]:
@@ -34,6 +37,19 @@ def test_mixed_lengths_over_several_attention_groups(
     for body, res in zip(bodies, results, strict=True):
         want = direct.greedy(body["prompt"], body["max_tokens"])
         if want and want[-1] in direct.eos:
+            want = want[:-1]
+        assert res.completion["choices"][0]["text"] == eng.decode(want)
+
+
+def test_grouped_query_attention_model(run: Any, make_engine: Any, tmp_path: Path) -> None:
+    # Fewer key/value heads than query heads: the varlen attention must expand them.
+    path = build_demo_model(tmp_path / "gqa", heads=4, kv_heads=2, seed=3)
+    eng = make_engine(path=path, max_rows=20, max_batch_tokens=300)
+    ref = Direct(eng)
+    bodies = _mixed_bodies(eng.lm.vocab_size, set(ref.eos), 24)
+    for body, res in zip(bodies, run.many(bodies, eng), strict=True):
+        want = ref.greedy(body["prompt"], body["max_tokens"])
+        if want and want[-1] in ref.eos:
             want = want[:-1]
         assert res.completion["choices"][0]["text"] == eng.decode(want)
 

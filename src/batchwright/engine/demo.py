@@ -63,6 +63,7 @@ def build_demo_model(
     hidden_size: int = 64,
     layers: int = 2,
     heads: int = 4,
+    kv_heads: int | None = None,
     vocab_size: int = 1000,
     max_position_embeddings: int = 512,
     seed: int = 0,
@@ -77,7 +78,8 @@ def build_demo_model(
     could flip, which keeps the batched-versus-direct comparisons in the tests meaningful.
     The built-in corpus yields about 1,000 BPE tokens; `model_vocab_size` makes the output
     layer bigger than the tokenizer (ids past it decode to nothing), for benchmarks that
-    need a realistic vocabulary-sized softmax.
+    need a realistic vocabulary-sized softmax. `kv_heads` below `heads` gives grouped-query
+    attention.
     """
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
@@ -89,7 +91,7 @@ def build_demo_model(
         intermediate_size=intermediate_size or hidden_size * 2,
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=heads,
+        num_key_value_heads=kv_heads or heads,
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=True,
         bos_token_id=eos_id,
