@@ -186,7 +186,8 @@ class Scheduler:
             ids.append(torch.tensor([t for p in prompts for t in p], device=dev))
             positions.append(torch.cat([torch.arange(len(p), device=dev) for p in prompts]))
         keep = [*range(rows), *(rows + e - 1 for _, e in bounds)]
-        groups, masks = [], []
+        groups: list[tuple[int, int, int]] = []
+        masks: list[torch.Tensor | None] = []
         if rows:
             self.batch.append_column()
             groups, masks = decode_groups(self._attention_lengths(), self.group_rows, dev)
