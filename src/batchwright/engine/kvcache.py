@@ -136,6 +136,15 @@ class BatchCache:
             return self.columns
         return int(live.to(torch.int8).argmax())
 
+    def headroom(self) -> int:
+        """Columns that can still be appended without reallocating."""
+        room = [
+            layer._kbuf.shape[-2] - layer._used
+            for layer in self.cache.layers
+            if isinstance(layer, _GrowLayer) and layer._kbuf is not None
+        ]
+        return min(room, default=_HEADROOM)
+
     def compact(self, rows: torch.Tensor) -> None:
         """Keep only `rows` (indices), then drop columns that are padding for every row."""
         self.mask = self.mask.index_select(0, rows)
