@@ -160,6 +160,19 @@ class BatchCache:
         self.mask = self.mask[:, first:]
         self.cache = _from_buffers(kv, self.columns)
 
+    def swap(self, i: int, j: int, width: int) -> None:
+        """Exchange rows i and j; only their last `width` columns (their real tokens) move."""
+        cols = self.columns
+        a = torch.tensor([i, j], device=self.mask.device)
+        b = torch.tensor([j, i], device=self.mask.device)
+        for layer in self.cache.layers:
+            assert isinstance(layer, _GrowLayer) and layer._kbuf is not None
+            assert layer._vbuf is not None
+            for buf in (layer._kbuf, layer._vbuf):
+                region = buf[:, :, cols - width : cols]
+                region[a] = region[b]
+        self.mask[a] = self.mask[b]
+
     def kill(self, rows: list[int]) -> None:
         self.mask[rows] = 0
 

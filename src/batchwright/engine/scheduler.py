@@ -293,6 +293,8 @@ class Scheduler:
             self.counts[slots] = counts[:n]
             for slot, i in zip(dead, keep[:n], strict=True):
                 self.seqs[slot] = seqs[i]
+            if self.varlen:
+                self._regroup(dead)
         if len(keep) > len(dead):
             n = len(dead)
             tail = part if n == 0 else part.expand(torch.arange(n, len(keep), device=dev))
@@ -303,6 +305,25 @@ class Scheduler:
             self.counts = torch.cat([self.counts, counts[n:]])
         self._resample()
         return done
+
+    def _regroup(self, rows: list[int]) -> None:
+        """Keep rows of similar length in the same attention group, whose cost is set by its
+        longest row: each new row in `rows` may swap places with a row of another group when
+        that narrows the two groups. Only the two rows' tokens are copied; the caller
+        rebuilds the sampler."""
+        alive = zip(self.lengths.tolist(), self.seqs, strict=True)
+        lens = [n if s is not None else 0 for n, s in alive]
+        for x in rows:
+            y = _best_partner(lens, x, self.group_rows)
+            if y < 0:
+                continue
+            self.batch.swap(x, y, max(lens[x], lens[y]))
+            self.seqs[x], self.seqs[y] = self.seqs[y], self.seqs[x]
+            lens[x], lens[y] = lens[y], lens[x]
+            pair = torch.tensor([x, y], device=self.device)
+            swapped = torch.tensor([y, x], device=self.device)
+            for t in (self.next_tokens, self.lengths, self.counts):
+                t[pair] = t[swapped]
 
     def _push(self, seqs: Sequence[Seq | None], out: StepOut) -> tuple[list[GenResult], list[int]]:
         """Record one token per live row; results of jobs now complete, rows still running."""
@@ -323,3 +344,30 @@ class Scheduler:
             else:
                 keep.append(i)
         return done, keep
+
+
+def _best_partner(lens: list[int], x: int, g: int) -> int:
+    """The row whose swap with row x narrows their two groups of g rows the most (-1: none)."""
+    # Per group: widest row and the width without it.
+    top: list[tuple[int, int, int]] = []
+    for a in range(0, len(lens), g):
+        part = lens[a : a + g]
+        i = max(range(len(part)), key=part.__getitem__)
+        second = max((v for k, v in enumerate(part) if k != i), default=0)
+        top.append((part[i], a + i, second))
+
+    def without(row: int) -> int:
+        width, arg, second = top[row // g]
+        return second if row == arg else width
+
+    rest_x = without(x)
+    best, gain = -1, 0
+    for y in range(len(lens)):
+        if y // g == x // g:
+            continue
+        rest_y = without(y)
+        before = max(rest_x, lens[x]) + max(rest_y, lens[y])
+        after = max(rest_x, lens[y]) + max(rest_y, lens[x])
+        if before - after > gain:
+            best, gain = y, before - after
+    return best
