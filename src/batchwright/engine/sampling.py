@@ -61,6 +61,7 @@ class BatchSampler:
 
         self.sampled = [i for i, r in enumerate(rows) if r.temperature > 0.0]
         self.sampled_rows = index(self.sampled)
+        self.greedy_rows = index([i for i, r in enumerate(rows) if r.temperature == 0.0])
         self.temperature = floats([rows[i].temperature for i in self.sampled])
         nucleus = [j for j, i in enumerate(self.sampled) if rows[i].top_p < 1.0]
         self.nucleus = index(nucleus)  # positions among the sampled rows
@@ -82,7 +83,7 @@ class BatchSampler:
     def step(self, logits: torch.Tensor, counts: torch.Tensor | None) -> StepOut:
         """Choose one token per row from `logits` [rows, vocab]."""
         logits = logits.float()
-        lse = torch.logsumexp(logits, dim=-1)
+        raw_lp = torch.log_softmax(logits, dim=-1)
         adj = logits
         if self.bias is not None:
             adj = logits + self.bias
@@ -91,21 +92,22 @@ class BatchSampler:
             c = counts.index_select(0, self.penalised)
             pen = c * self.frequency[:, None] + (c > 0).to(c.dtype) * self.presence[:, None]
             adj.index_add_(0, self.penalised, pen, alpha=-1.0)
-        tokens = adj.argmax(dim=-1)
-        if self.sampled:
-            if len(self.sampled) == len(self.rows):
-                tokens = self._draw(adj)
-            else:
-                tokens[self.sampled_rows] = self._draw(adj.index_select(0, self.sampled_rows))
-        # Logprobs come from the raw logits: log_softmax(x)[t] = x[t] - logsumexp(x).
-        chosen = logits.gather(1, tokens[:, None])[:, 0] - lse
+        if not self.sampled:
+            tokens = adj.argmax(dim=-1)
+        elif len(self.sampled) == len(self.rows):
+            tokens = self._draw(adj)
+        else:
+            # argmax is slow on CPU: only the greedy rows take it.
+            tokens = torch.empty(len(self.rows), dtype=torch.long, device=adj.device)
+            tokens[self.greedy_rows] = adj.index_select(0, self.greedy_rows).argmax(dim=-1)
+            tokens[self.sampled_rows] = self._draw(adj.index_select(0, self.sampled_rows))
+        # Logprobs come from the raw logits.
+        chosen = raw_lp.gather(1, tokens[:, None])[:, 0]
         top_ids: list[list[int]] | None = None
         top_lp: list[list[float]] | None = None
         if self.scored:
             top_ids, top_lp = [[] for _ in self.rows], [[] for _ in self.rows]
-            sub = logits.index_select(0, self.scored_rows)
-            vals, ids = sub.topk(self.max_k, dim=-1)
-            vals = vals - lse.index_select(0, self.scored_rows)[:, None]
+            vals, ids = raw_lp.index_select(0, self.scored_rows).topk(self.max_k, dim=-1)
             for i, row_ids, row_vals in zip(self.scored, ids.tolist(), vals.tolist(), strict=True):
                 top_ids[i], top_lp[i] = row_ids, row_vals
         return StepOut(tokens.tolist(), chosen.tolist(), top_ids, top_lp)
