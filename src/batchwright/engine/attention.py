@@ -84,6 +84,33 @@ def decode_groups(
     return groups, masks
 
 
+def best_partner(lens: list[int], x: int, g: int) -> int:
+    """The row whose swap with row x narrows their two groups of g rows the most (-1: none)."""
+    # Per group: widest row and the width without it.
+    top: list[tuple[int, int, int]] = []
+    for a in range(0, len(lens), g):
+        part = lens[a : a + g]
+        i = max(range(len(part)), key=part.__getitem__)
+        second = max((v for k, v in enumerate(part) if k != i), default=0)
+        top.append((part[i], a + i, second))
+
+    def without(row: int) -> int:
+        width, arg, second = top[row // g]
+        return second if row == arg else width
+
+    rest_x = without(x)
+    best, gain = -1, 0
+    for y in range(len(lens)):
+        if y // g == x // g:
+            continue
+        rest_y = without(y)
+        before = max(rest_x, lens[x]) + max(rest_y, lens[y])
+        after = max(rest_x, lens[y]) + max(rest_y, lens[x])
+        if before - after > gain:
+            best, gain = y, before - after
+    return best
+
+
 def attention(
     module: torch.nn.Module,
     query: torch.Tensor,

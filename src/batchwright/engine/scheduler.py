@@ -11,15 +11,14 @@ decode step instead.
 from __future__ import annotations
 
 import random
-from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from batchwright.engine.attention import Step, decode_groups
-from batchwright.engine.jobs import Job, Seq
+from batchwright.engine.attention import Step, best_partner, decode_groups
+from batchwright.engine.intake import Intake, Unit
+from batchwright.engine.jobs import Seq
 from batchwright.engine.kvcache import BatchCache, empty_batch, new_cache
 from batchwright.engine.sampling import BatchSampler, RowParams, StepOut, update_counts
 from batchwright.engine.types import GenRequest, GenResult
@@ -28,29 +27,12 @@ if TYPE_CHECKING:
     from batchwright.engine.runtime import Engine
 
 
-@dataclass(eq=False)
-class _Unit:
-    """Candidates of one prompt admitted together: the prompt is prefilled once for all."""
-
-    job: Job
-    prompt_index: int
-    seqs: list[Seq]
-
-    @property
-    def prompt(self) -> list[int]:
-        return self.job.prompts[self.prompt_index]
-
-
 # Parameters of a dead slot: greedy and plain, so it costs nothing extra to sample.
 _IDLE = RowParams(0.0, 1.0, 0.0, 0.0, {}, None, random.Random(0))
 # Rows per decode attention group (see attention.py): small on CPU, where that keeps a
 # group's keys and values in cache; large on CUDA, where every call is a kernel launch.
 _GROUP_ROWS = {"cpu": 8}
 _GROUP_ROWS_DEFAULT = 64
-# Requests read ahead, in multiples of max_rows: longest-first admission needs a window
-# wider than the batch to keep the end of a file from draining on a few long rows
-# (measured on bench/engine_bench.py: 297 decode steps with 1, 280 with 2, 282 with 4).
-_LOOKAHEAD = 2
 
 
 class Scheduler:
@@ -66,9 +48,8 @@ class Scheduler:
         self.counts = torch.zeros((0, self.vocab), device=dev)  # generated-token counts
         self.sampler = BatchSampler([], self.vocab, dev)
         self.alive = torch.zeros(0, dtype=torch.bool, device=dev)
-        self.pending: deque[_Unit] = deque()
         self.varlen = engine.lm.varlen
-        self.exhausted = False
+        self.intake: Intake | None = None
         self.group_rows = _GROUP_ROWS.get(dev.type, _GROUP_ROWS_DEFAULT)
 
     @property
@@ -76,32 +57,11 @@ class Scheduler:
         return sum(1 for s in self.seqs if s is not None)
 
     def run(self, requests: Iterable[GenRequest]) -> Iterator[GenResult]:
-        it = iter(requests)
+        intake = Intake(self.e, requests)
+        self.intake = intake
         while True:
-            units: list[_Unit] = []
             free = self.e.max_rows - self.live
-            width = packed = 0
-            while free > 0:
-                if not self.pending:
-                    if self.exhausted:
-                        break
-                    yield from self._pull(it)
-                    continue
-                unit = self.pending[0]
-                w = max(width, len(unit.prompt))
-                # max_batch_tokens bounds the prefill (packed, or padded without varlen
-                # attention); a lone long prompt still runs.
-                tokens = packed + len(unit.prompt) if self.varlen else w * (len(units) + 1)
-                if units and tokens > self.e.max_batch_tokens:
-                    break
-                packed += len(unit.prompt)
-                if len(unit.seqs) > free:
-                    units.append(_Unit(unit.job, unit.prompt_index, unit.seqs[:free]))
-                    unit.seqs = unit.seqs[free:]
-                else:
-                    units.append(self.pending.popleft())
-                free -= len(units[-1].seqs)
-                width = w
+            units = yield from intake.admit(free, packed=self.varlen)
             if self.varlen:
                 if units or self.live:
                     yield from self._step(units)
@@ -110,39 +70,8 @@ class Scheduler:
             self._maybe_compact()
             if not self.varlen and self.live:
                 yield from self._decode()
-            if not units and not self.live and not self.pending and self.exhausted:
+            if not units and not self.live and intake.drained:
                 return
-
-    def _pull(self, it: Iterator[GenRequest]) -> Iterator[GenResult]:
-        """Read a window of requests ahead into `pending`, longest generation first.
-
-        Admitting long generations first leaves the short ones for the end of the input, so
-        the batch stays full until close to the end instead of draining on a few long rows.
-        The window is a fixed multiple of max_rows, so memory stays bounded by configuration.
-        """
-        units: list[_Unit] = []
-        for _ in range(self.e.max_rows * _LOOKAHEAD):
-            greq = next(it, None)
-            if greq is None:
-                self.exhausted = True
-                break
-            job = self.e.prepare(greq)
-            if isinstance(job, GenResult):
-                yield job
-                continue
-            if job.needs_prompt_scores:
-                k = job.req.logprobs or 0
-                job.prompt_scores = {
-                    i: self.e.score_prompt(p, k) for i, p in enumerate(job.prompts)
-                }
-            if job.done:
-                yield self.e.result(job)
-                continue
-            for p in range(len(job.prompts)):
-                seqs = [s for s in job.seqs if s.prompt_index == p]
-                units.append(_Unit(job, p, seqs))
-        units.sort(key=lambda u: -u.job.req.max_tokens)
-        self.pending.extend(units)
 
     @torch.inference_mode()
     def _maybe_compact(self) -> None:
@@ -150,7 +79,8 @@ class Scheduler:
         if not self.seqs:
             return
         dead = len(self.seqs) - self.live
-        drop_rows = dead > 0 and not self.pending and 4 * dead >= len(self.seqs)
+        waiting = self.intake is not None and bool(self.intake.pending)
+        drop_rows = dead > 0 and not waiting and 4 * dead >= len(self.seqs)
         prefix = self.batch.dead_prefix()
         if self.varlen:
             # Grouped attention never reads those columns, so they only cost memory: drop
@@ -184,7 +114,7 @@ class Scheduler:
         )
 
     @torch.inference_mode()
-    def _step(self, units: list[_Unit]) -> list[GenResult]:
+    def _step(self, units: list[Unit]) -> list[GenResult]:
         """One forward for the decode step of every row and the prefill of `units`."""
         dev = self.device
         rows = len(self.seqs) if self.live else 0
@@ -215,7 +145,7 @@ class Scheduler:
         return done
 
     @torch.inference_mode()
-    def _prefill(self, units: list[_Unit]) -> list[GenResult]:
+    def _prefill(self, units: list[Unit]) -> list[GenResult]:
         """Prefill `units` as one left-padded batch (models without varlen attention)."""
         width = max(len(u.prompt) for u in units)
         ids = torch.zeros((len(units), width), dtype=torch.long)
@@ -257,7 +187,7 @@ class Scheduler:
             self._resample()
         return done
 
-    def _admit(self, units: list[_Unit], logits: torch.Tensor, part: BatchCache) -> list[GenResult]:
+    def _admit(self, units: list[Unit], logits: torch.Tensor, part: BatchCache) -> list[GenResult]:
         """First token of each candidate of `units` (prefilled into `part`, one row per unit);
         the candidates still running take dead slots first, then new slots."""
         dev = self.device
@@ -314,7 +244,7 @@ class Scheduler:
         alive = zip(self.lengths.tolist(), self.seqs, strict=True)
         lens = [n if s is not None else 0 for n, s in alive]
         for x in rows:
-            y = _best_partner(lens, x, self.group_rows)
+            y = best_partner(lens, x, self.group_rows)
             if y < 0:
                 continue
             self.batch.swap(x, y, max(lens[x], lens[y]))
@@ -344,30 +274,3 @@ class Scheduler:
             else:
                 keep.append(i)
         return done, keep
-
-
-def _best_partner(lens: list[int], x: int, g: int) -> int:
-    """The row whose swap with row x narrows their two groups of g rows the most (-1: none)."""
-    # Per group: widest row and the width without it.
-    top: list[tuple[int, int, int]] = []
-    for a in range(0, len(lens), g):
-        part = lens[a : a + g]
-        i = max(range(len(part)), key=part.__getitem__)
-        second = max((v for k, v in enumerate(part) if k != i), default=0)
-        top.append((part[i], a + i, second))
-
-    def without(row: int) -> int:
-        width, arg, second = top[row // g]
-        return second if row == arg else width
-
-    rest_x = without(x)
-    best, gain = -1, 0
-    for y in range(len(lens)):
-        if y // g == x // g:
-            continue
-        rest_y = without(y)
-        before = max(rest_x, lens[x]) + max(rest_y, lens[y])
-        after = max(rest_x, lens[y]) + max(rest_y, lens[x])
-        if before - after > gain:
-            best, gain = y, before - after
-    return best
