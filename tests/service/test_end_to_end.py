@@ -99,7 +99,9 @@ def test_counts_and_usage_move_while_running(client: Any) -> None:
 
 
 def test_cancel_keeps_partial_output(client: Any) -> None:
-    requests = [line(f"c-{i}", {"max_tokens": 64}) for i in range(80)]
+    # Enough lines that some are still queued when the cancel lands: a worker holds a claim
+    # of up to claim_batch_size lines plus the engine's read-ahead, and those finish.
+    requests = [line(f"c-{i}", {"max_tokens": 64}) for i in range(300)]
     batch = submit(client, jsonl(requests))
     wait_running = wait_batch_progress(client, batch.id)
     cancelled = client.batches.cancel(batch.id)
