@@ -28,6 +28,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 NAME = "batchwright"
+# Attention variants some architectures pass per layer that this implementation lacks.
+_UNSUPPORTED = ("sliding_window", "softcap", "s_aux")
 
 
 @dataclass(eq=False)
@@ -127,6 +129,11 @@ def attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
         return out
+    unsupported = [k for k in _UNSUPPORTED if kwargs.get(k) is not None]
+    if unsupported:
+        # Silently ignoring a sliding window, logit soft-capping or attention sinks would
+        # give wrong text; refuse instead.
+        raise NotImplementedError(f"batchwright attention does not support {unsupported}")
     gqa = query.shape[1] != key.shape[1]
     result = query.new_empty((*query.shape[:-1], value.shape[-1]))  # [1, heads, tokens, dim]
     n = plan.rows

@@ -105,6 +105,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     model.to(device)
     model.eval()
     text_config = model.config.get_text_config()
+    _check_supported(text_config)
     out = model.get_output_embeddings()
     vocab = int(out.weight.shape[0]) if out is not None else int(text_config.vocab_size)
     max_pos = int(getattr(text_config, "max_position_embeddings", 0) or 2048)
@@ -134,6 +135,17 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         fingerprint=fingerprint(path, engine_config),
         varlen=varlen,
     )
+
+
+def _check_supported(config: Any) -> None:
+    """Refuse at load what the engine's cache and attention would silently get wrong."""
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        raise ValueError(f"unsupported attention layer types {sorted(set(layer_types))}")
+    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+        raise ValueError("sliding-window attention is not supported")
+    if getattr(config, "attn_logit_softcapping", None):
+        raise ValueError("attention logit soft-capping is not supported")
 
 
 def _from_pretrained(path: Path, dtype: torch.dtype) -> tuple[Any, bool]:
