@@ -49,7 +49,6 @@ class Scheduler:
         self.sampler = BatchSampler([], self.vocab, dev)
         self.alive = torch.zeros(0, dtype=torch.bool, device=dev)
         self.varlen = engine.lm.varlen
-        self.intake: Intake | None = None
         self.group_rows = _GROUP_ROWS.get(dev.type, _GROUP_ROWS_DEFAULT)
 
     @property
@@ -58,7 +57,6 @@ class Scheduler:
 
     def run(self, requests: Iterable[GenRequest]) -> Iterator[GenResult]:
         intake = Intake(self.e, requests)
-        self.intake = intake
         while True:
             free = self.e.max_rows - self.live
             units = yield from intake.admit(free, packed=self.varlen)
@@ -67,19 +65,18 @@ class Scheduler:
                     yield from self._step(units)
             elif units:
                 yield from self._prefill(units)
-            self._maybe_compact()
+            self._maybe_compact(waiting=bool(intake.pending))
             if not self.varlen and self.live:
                 yield from self._decode()
             if not units and not self.live and intake.drained:
                 return
 
     @torch.inference_mode()
-    def _maybe_compact(self) -> None:
+    def _maybe_compact(self, *, waiting: bool) -> None:
         """Drop dead slots nobody is waiting for, and long all-padding column prefixes."""
         if not self.seqs:
             return
         dead = len(self.seqs) - self.live
-        waiting = self.intake is not None and bool(self.intake.pending)
         drop_rows = dead > 0 and not waiting and 4 * dead >= len(self.seqs)
         prefix = self.batch.dead_prefix()
         if self.varlen:
