@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from batchwright.engine.attention import decode_runs
 from batchwright.engine.demo import build_demo_model
 from batchwright.engine.sampling import BatchSampler, RowParams, _nucleus_floor
 from tests.engine.conftest import Direct
@@ -26,10 +28,45 @@ def _mixed_bodies(vocab: int, eos: set[int], count: int) -> list[dict[str, Any]]
     return bodies
 
 
+def _brute_force_cost(lengths: list[int], live: list[bool], call_cost: int, max_run: int) -> float:
+    """Cheapest split by trying every cut: runs of dead slots may be skipped for free."""
+    n = len(lengths)
+    best = float("inf")
+    for mask in range(1 << (n - 1)):
+        cuts = [0, *(i + 1 for i in range(n - 1) if mask >> i & 1), n]
+        cost = 0.0
+        for a, b in itertools.pairwise(cuts):
+            if not any(live[a:b]):
+                continue
+            if b - a > max_run:
+                cost = float("inf")
+                break
+            cost += (b - a) * max(lengths[a:b]) + call_cost
+        best = min(best, cost)
+    return best
+
+
+def test_decode_runs_are_the_cheapest_split() -> None:
+    rng = random.Random(3)
+    for _ in range(300):
+        n = rng.randint(1, 9)
+        lengths = [rng.choice([1, 2, 9, 40, 41, 200]) for _ in range(n)]
+        live = [rng.random() < 0.7 for _ in range(n)]
+        lengths = [x if alive else 1 for x, alive in zip(lengths, live, strict=True)]
+        cost, max_run = rng.choice([0, 10, 120]), rng.choice([2, 4, 16])
+        runs = decode_runs(lengths, live, cost, max_run)
+        covered = [i for a, b, _ in runs for i in range(a, b)]
+        assert covered == sorted(set(covered))  # disjoint, in order
+        assert {i for i in range(n) if live[i]} <= set(covered)  # every live row attends
+        assert all(w == max(lengths[a:b]) and b - a <= max_run for a, b, w in runs)
+        got = sum((b - a) * w + cost for a, b, w in runs)
+        assert got == _brute_force_cost(lengths, live, cost, max_run)
+
+
 def test_mixed_lengths_over_several_attention_groups(
     run: Any, make_engine: Any, direct: Any
 ) -> None:
-    # 24 rows make three decode attention groups; 40 requests make rows leave and join,
+    # 24 rows split into several decode attention runs; 40 requests make rows leave and join,
     # and packed prefills carry several prompts of different lengths.
     eng = make_engine(max_rows=24, max_batch_tokens=400)
     assert eng.lm.varlen

@@ -6,10 +6,11 @@ sets a `Step` plan; without one (prompt scoring, anything else) this is plain SD
 the mask transformers builds.
 
 - Decode rows read the left-padded batch cache. A row's real tokens are its last
-  `length` columns, so a group of neighbouring rows only needs the columns of its longest
-  row instead of the longest row of the whole batch (about half the reads on a mixed
-  file). Small groups also run faster per column on CPU, where a group's keys and values
-  then stay in cache; on CUDA each call costs a launch, so groups are large there.
+  `length` columns, so a run of neighbouring rows only needs the columns of its longest
+  row instead of the longest row of the whole batch. Reading keys and values is the cost
+  (it is bound by memory bandwidth), so on CPU the rows are split into the runs that
+  minimise columns read plus a fixed cost per call (`decode_runs`); on CUDA each call
+  costs a launch, so runs are fixed and large there. Dead slots are skipped.
 - Each prompt attends causally to itself only.
 """
 
@@ -32,6 +33,9 @@ NAME = "batchwright"
 _UNSUPPORTED = ("sliding_window", "softcap", "s_aux")
 
 
+Run = tuple[int, int, int]  # rows [start, end) attending over their last `width` columns
+
+
 @dataclass(eq=False)
 class Step:
     """One forward over a single packed row: `rows` decode tokens (one per batch row, in
@@ -44,8 +48,9 @@ class Step:
 
     rows: int
     cache: Any  # the batch's DynamicCache of _GrowLayers; unused when rows == 0
-    groups: list[tuple[int, int, int]]  # decode rows [start, end) over the last `width` cols
-    masks: list[torch.Tensor | None]  # per group, [rows, 1, 1, width]; None when all full
+    runs: list[Run]  # decode rows [start, end) over their last `width` columns; rows in no
+    # run are dead slots, whose output is zero
+    masks: list[torch.Tensor | None]  # per run, [rows, 1, 1, width]; None when all full
     bounds: list[tuple[int, int]]  # [start, end) of each prompt, counted after the rows
     captured: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
@@ -62,28 +67,62 @@ def planned(plan: Step | None) -> Iterator[None]:
         _PLAN.reset(token)
 
 
-def group_rows(lengths: list[int], rows: int) -> list[tuple[int, int, int]]:
-    """Groups of `rows` neighbouring rows, each with the width of its longest row."""
+def fixed_runs(lengths: list[int], rows: int) -> list[Run]:
+    """Runs of `rows` neighbouring rows, each as wide as its longest row."""
     return [
         (a, min(a + rows, len(lengths)), max(lengths[a : a + rows]))
         for a in range(0, len(lengths), rows)
     ]
 
 
-def decode_groups(
-    lengths: list[int], rows: int, device: torch.device
-) -> tuple[list[tuple[int, int, int]], list[torch.Tensor | None]]:
-    """Row i attends to its last `lengths[i]` columns (each at least 1)."""
-    groups = group_rows(lengths, rows)
+def decode_runs(lengths: list[int], live: list[bool], call_cost: int, max_run: int) -> list[Run]:
+    """Split the decode rows into runs of neighbouring rows, one attention call each.
+
+    A run reads the columns of its longest row for every row in it, so the split trades
+    padded reads against calls: it minimises the columns read plus `call_cost` per call
+    (an optimal partition by dynamic programming over runs of at most `max_run` rows).
+    Runs of dead slots are skipped altogether: nobody reads their output.
+    """
+    n = len(lengths)
+    inf = float("inf")
+    best = [0.0] + [inf] * n
+    cut = [0] * (n + 1)
+    skip = [False] * (n + 1)
+    for j in range(1, n + 1):
+        if not live[j - 1]:
+            # A dead slot can end a skipped stretch for free.
+            best[j], cut[j], skip[j] = best[j - 1], j - 1, True
+        widest = 0
+        for i in range(j - 1, max(-1, j - 1 - max_run), -1):
+            widest = max(widest, lengths[i])
+            cost = best[i] + (j - i) * widest + call_cost
+            if cost < best[j]:
+                best[j], cut[j], skip[j] = cost, i, False
+    runs: list[Run] = []
+    j = n
+    while j:
+        i = cut[j]
+        if not skip[j]:
+            runs.append((i, j, max(lengths[i:j])))
+        j = i
+    runs.reverse()
+    return runs
+
+
+def run_masks(
+    runs: list[Run], lengths: list[int], device: torch.device
+) -> list[torch.Tensor | None]:
+    """Per run, a [rows, 1, 1, width] mask of each row's last `lengths[i]` columns (None
+    when every row fills the run)."""
     masks: list[torch.Tensor | None] = []
-    for a, b, w in groups:
+    for a, b, w in runs:
         if all(n == w for n in lengths[a:b]):
             masks.append(None)
             continue
         lens = torch.tensor(lengths[a:b], device=device)
         cols = torch.arange(w, device=device)
         masks.append((cols[None, :] >= (w - lens)[:, None])[:, None, None, :])
-    return groups, masks
+    return masks
 
 
 def best_partner(lens: list[int], x: int, g: int) -> int:
@@ -146,7 +185,9 @@ def attention(
         )
         q = query[0, :, :n, None].transpose(0, 1)
         cols = keys.shape[2]
-        for (a, b, w), mask in zip(plan.groups, plan.masks, strict=True):
+        if sum(b - a for a, b, _ in plan.runs) < n:
+            result[0, :, :n].zero_()  # skipped dead slots: finite, never read
+        for (a, b, w), mask in zip(plan.runs, plan.masks, strict=True):
             out_rows = F.scaled_dot_product_attention(
                 q[a:b],
                 keys[a:b, :, cols - w :],

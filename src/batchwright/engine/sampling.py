@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-# Log-probability buckets for the nucleus boundary search: 32 nats below the top token.
+# The nucleus boundary is first looked for among each row's _TOP most likely tokens (one
+# small top-k); rows whose nucleus is wider use log-probability buckets, 32 nats deep.
+_TOP = 64
 _BINS = 256
 _PER_NAT = 8
 
@@ -92,14 +94,15 @@ class BatchSampler:
             c = counts.index_select(0, self.penalised)
             pen = c * self.frequency[:, None] + (c > 0).to(c.dtype) * self.presence[:, None]
             adj.index_add_(0, self.penalised, pen, alpha=-1.0)
+        # max() rather than argmax(): the same first maximal index, several times faster on
+        # CPU; and only the greedy rows take it.
         if not self.sampled:
-            tokens = adj.argmax(dim=-1)
+            tokens = adj.max(dim=-1).indices
         elif len(self.sampled) == len(self.rows):
             tokens = self._draw(adj)
         else:
-            # argmax is slow on CPU: only the greedy rows take it.
             tokens = torch.empty(len(self.rows), dtype=torch.long, device=adj.device)
-            tokens[self.greedy_rows] = adj.index_select(0, self.greedy_rows).argmax(dim=-1)
+            tokens[self.greedy_rows] = adj.index_select(0, self.greedy_rows).max(dim=-1).indices
             tokens[self.sampled_rows] = self._draw(adj.index_select(0, self.sampled_rows))
         # Logprobs come from the raw logits.
         chosen = raw_lp.gather(1, tokens[:, None])[:, 0]
@@ -135,10 +138,27 @@ def _nucleus_floor(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     tokens whose mass reaches top_p (the top token always stays; ties at the boundary all
     stay).
 
-    A full sort of the vocabulary is the slow part of nucleus sampling, so the tokens are
-    first bucketed by log-probability: whole buckets above the boundary are in, buckets
-    below are out, and only the boundary bucket is sorted.
+    A full sort of the vocabulary is the slow part of nucleus sampling. Most nuclei are
+    narrow, so the boundary is first read off each row's few most likely tokens; only rows
+    whose nucleus reaches past them take the bucketed search.
     """
+    k = min(_TOP, probs.shape[-1])
+    vals = probs.topk(k, dim=-1).values
+    mass = vals.cumsum(dim=-1)
+    kept = ((mass - vals) < top_p[:, None]).sum(dim=-1).clamp_(min=1)
+    floor = vals.gather(1, (kept - 1)[:, None])
+    # Rows whose top k hold less than top_p (and no boundary at all: rows with top_p 0
+    # stopped at the top token above).
+    wide = (mass[:, -1] < top_p).nonzero()[:, 0]
+    if len(wide):
+        floor[wide] = _bucket_floor(probs.index_select(0, wide), top_p.index_select(0, wide))
+    return floor
+
+
+def _bucket_floor(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """`_nucleus_floor` for wide nuclei: the tokens are bucketed by log-probability, whole
+    buckets above the boundary are in, buckets below are out, and only the boundary bucket
+    is sorted."""
     rows = probs.shape[0]
     logp = torch.log(probs / probs.amax(dim=-1, keepdim=True))
     # Bucket _BINS - 1 holds the top token; each bucket spans 1/_PER_NAT nats.

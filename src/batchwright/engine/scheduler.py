@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from batchwright.engine.attention import Step, best_partner, decode_groups
+from batchwright.engine.attention import (
+    Step,
+    best_partner,
+    decode_runs,
+    fixed_runs,
+    run_masks,
+)
 from batchwright.engine.intake import Intake, Unit
 from batchwright.engine.jobs import Seq
 from batchwright.engine.kvcache import BatchCache, empty_batch, new_cache
@@ -29,8 +35,12 @@ if TYPE_CHECKING:
 
 # Parameters of a dead slot: greedy and plain, so it costs nothing extra to sample.
 _IDLE = RowParams(0.0, 1.0, 0.0, 0.0, {}, None, random.Random(0))
-# Rows per decode attention group (see attention.py): small on CPU, where that keeps a
-# group's keys and values in cache; large on CUDA, where every call is a kernel launch.
+# Decode attention runs (see attention.py). On CPU the rows are split to minimise columns
+# read plus the cost of a call (about as much as reading this many columns, measured),
+# in runs of at most _MAX_RUN rows. Elsewhere every call is a kernel launch: fixed runs.
+_CALL_COST = {"cpu": 120}
+_MAX_RUN = 16
+# Rows per group when a new row looks for neighbours of similar length.
 _GROUP_ROWS = {"cpu": 8}
 _GROUP_ROWS_DEFAULT = 64
 
@@ -50,6 +60,7 @@ class Scheduler:
         self.alive = torch.zeros(0, dtype=torch.bool, device=dev)
         self.varlen = engine.lm.varlen
         self.group_rows = _GROUP_ROWS.get(dev.type, _GROUP_ROWS_DEFAULT)
+        self.call_cost = _CALL_COST.get(dev.type)
 
     @property
     def live(self) -> int:
@@ -126,12 +137,18 @@ class Scheduler:
             ids.append(torch.tensor([t for p in prompts for t in p], device=dev))
             positions.append(torch.cat([torch.arange(len(p), device=dev) for p in prompts]))
         keep = [*range(rows), *(rows + e - 1 for _, e in bounds)]
-        groups: list[tuple[int, int, int]] = []
+        runs: list[tuple[int, int, int]] = []
         masks: list[torch.Tensor | None] = []
         if rows:
             self.batch.append_column()
-            groups, masks = decode_groups(self._attention_lengths(), self.group_rows, dev)
-        plan = Step(rows, self.batch.cache, groups, masks, bounds)
+            lengths = self._attention_lengths()
+            if self.call_cost is None:
+                runs = fixed_runs(lengths, self.group_rows)
+            else:
+                live = [s is not None for s in self.seqs]
+                runs = decode_runs(lengths, live, self.call_cost, _MAX_RUN)
+            masks = run_masks(runs, lengths, dev)
+        plan = Step(rows, self.batch.cache, runs, masks, bounds)
         logits = self.e.forward_step(
             torch.cat(ids), torch.cat(positions), torch.tensor(keep, device=dev), plan
         )
@@ -234,10 +251,10 @@ class Scheduler:
         return done
 
     def _regroup(self, rows: list[int]) -> None:
-        """Keep rows of similar length in the same attention group, whose cost is set by its
-        longest row: each new row in `rows` may swap places with a row of another group when
-        that narrows the two groups. Only the two rows' tokens are copied; the caller
-        rebuilds the sampler."""
+        """Keep rows of similar length next to each other, as an attention run costs the
+        width of its longest row: each new row in `rows` may swap places with a row of
+        another group of neighbours when that narrows the two groups. Only the two rows'
+        tokens are copied; the caller rebuilds the sampler."""
         alive = zip(self.lengths.tolist(), self.seqs, strict=True)
         lens = [n if s is not None else 0 for n, s in alive]
         for x in rows:
