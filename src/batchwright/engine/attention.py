@@ -113,15 +113,16 @@ def run_masks(
     runs: list[Run], lengths: list[int], device: torch.device
 ) -> list[torch.Tensor | None]:
     """Per run, a [rows, 1, 1, width] mask of each row's last `lengths[i]` columns (None
-    when every row fills the run)."""
+    when every row fills the run). All are views of one right-aligned mask."""
+    if not runs:
+        return []
+    widest = max(w for _, _, w in runs)
+    lens = torch.tensor(lengths, device=device)
+    full = torch.arange(widest, device=device)[None, :] >= (widest - lens)[:, None]
     masks: list[torch.Tensor | None] = []
     for a, b, w in runs:
-        if all(n == w for n in lengths[a:b]):
-            masks.append(None)
-            continue
-        lens = torch.tensor(lengths[a:b], device=device)
-        cols = torch.arange(w, device=device)
-        masks.append((cols[None, :] >= (w - lens)[:, None])[:, None, None, :])
+        full_rows = all(n >= w for n in lengths[a:b])
+        masks.append(None if full_rows else full[a:b, widest - w :, None, None].transpose(1, 3))
     return masks
 
 
@@ -174,7 +175,8 @@ def attention(
         # give wrong text; refuse instead.
         raise NotImplementedError(f"batchwright attention does not support {unsupported}")
     gqa = query.shape[1] != key.shape[1]
-    result = query.new_empty((*query.shape[:-1], value.shape[-1]))  # [1, heads, tokens, dim]
+    # Built directly in the [1, tokens, heads, dim] layout the model wants back.
+    result = query.new_empty((1, query.shape[2], query.shape[1], value.shape[-1]))
     n = plan.rows
     layer_idx = int(module.layer_idx)  # type: ignore[arg-type]
     if n:
@@ -185,23 +187,30 @@ def attention(
         )
         q = query[0, :, :n, None].transpose(0, 1)
         cols = keys.shape[2]
-        if sum(b - a for a, b, _ in plan.runs) < n:
-            result[0, :, :n].zero_()  # skipped dead slots: finite, never read
+        pieces: list[torch.Tensor] = []
+        done = 0
         for (a, b, w), mask in zip(plan.runs, plan.masks, strict=True):
-            out_rows = F.scaled_dot_product_attention(
-                q[a:b],
-                keys[a:b, :, cols - w :],
-                values[a:b, :, cols - w :],
-                attn_mask=mask,
-                scale=scaling,
-                enable_gqa=gqa,
+            if a > done:  # skipped dead slots: finite, never read
+                pieces.append(q.new_zeros((a - done, q.shape[1], 1, value.shape[-1])))
+            pieces.append(
+                F.scaled_dot_product_attention(
+                    q[a:b],
+                    keys[a:b, :, cols - w :],
+                    values[a:b, :, cols - w :],
+                    attn_mask=mask,
+                    scale=scaling,
+                    enable_gqa=gqa,
+                )
             )
-            result[0, :, a:b] = out_rows[:, :, 0].transpose(0, 1)
+            done = b
+        if done < n:
+            pieces.append(q.new_zeros((n - done, q.shape[1], 1, value.shape[-1])))
+        result[0, :n] = torch.cat(pieces)[:, :, 0]
     if plan.bounds:
         pk, pv = key[:, :, n:], value[:, :, n:]
         plan.captured[layer_idx] = (pk, pv)
         for s, e in plan.bounds:
-            result[:, :, n + s : n + e] = F.scaled_dot_product_attention(
+            out = F.scaled_dot_product_attention(
                 query[:, :, n + s : n + e],
                 pk[:, :, s:e],
                 pv[:, :, s:e],
@@ -209,7 +218,8 @@ def attention(
                 scale=scaling,
                 enable_gqa=gqa,
             )
-    return result.transpose(1, 2).contiguous(), None
+            result[:, n + s : n + e] = out.transpose(1, 2)
+    return result, None
 
 
 def _mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
