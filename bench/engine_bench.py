@@ -178,7 +178,15 @@ def main() -> None:
     ap.add_argument("--gpu", action="store_true", help="Qwen2.5-0.5B-shaped model on CUDA")
     ap.add_argument("--requests", type=int, default=None)
     ap.add_argument("--rows", type=int, default=None, help="max_rows (default 64; GPU 256)")
-    ap.add_argument("--loop-sample", type=int, default=None, help="requests timed for (a)")
+    ap.add_argument(
+        "--loop-sample", type=int, default=None, help="requests timed for (a) (default all)"
+    )
+    ap.add_argument(
+        "--kv-heads",
+        type=int,
+        default=None,
+        help="CPU model's key/value heads (default 4 = one per query head; 1 or 2 = GQA)",
+    )
     ap.add_argument("--repeat", type=int, default=None, help="rounds, best kept (CPU: 3)")
     args = ap.parse_args()
 
@@ -198,6 +206,7 @@ def main() -> None:
             hidden_size=256,
             layers=4,
             heads=4,
+            kv_heads=args.kv_heads,
             intermediate_size=768,
             max_position_embeddings=1024,
             model_vocab_size=4096,
@@ -210,6 +219,7 @@ def main() -> None:
     params = sum(p.numel() for p in model.parameters())
     print(
         f"model: {type(model).__name__} {params / 1e6:.1f}M params, vocab {vocab}, "
+        f"heads {model.config.num_attention_heads}/{model.config.num_key_value_heads} kv, "
         f"{engine.lm.dtype} on {device}, max_rows {rows}, torch threads {torch.get_num_threads()}"
     )
     bodies = make_requests(n, vocab, eos, rng, scale=scale)
@@ -220,14 +230,15 @@ def main() -> None:
         hf = AutoModelForCausalLM.from_pretrained(
             path, dtype=torch.float32, attn_implementation="sdpa"
         ).eval()
-    sample = args.loop_sample or (16 if args.quick else 32)
+    # The whole set by default: a sample's mix of prompt and output lengths is not the set's.
+    sample = args.loop_sample or (16 if args.quick else n)
     systems: dict[str, Callable[[], tuple[int, float]]] = {
         "engine, heterogeneous": lambda: run_engine(engine, bodies),
         "(c) engine, homogeneous batch": lambda: run_engine(engine, hom_bodies),
         f"(b) HF generate, static batches of {rows}": lambda: run_hf_static(
             hf, bodies, eos, device, rows
         ),
-        f"(a) HF generate loop, first {sample} requests": lambda: run_hf_loop(
+        f"(a) HF generate loop, {sample} requests": lambda: run_hf_loop(
             hf, bodies[:sample], eos, device
         ),
     }
