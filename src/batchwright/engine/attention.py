@@ -110,15 +110,17 @@ def decode_runs(lengths: list[int], live: list[bool], call_cost: int, max_run: i
 
 
 def run_masks(
-    runs: list[Run], lengths: list[int], device: torch.device
+    runs: list[Run], lengths: list[int], dtype: torch.dtype, device: torch.device
 ) -> list[torch.Tensor | None]:
-    """Per run, a [rows, 1, 1, width] mask of each row's last `lengths[i]` columns (None
-    when every row fills the run). All are views of one right-aligned mask."""
+    """Per run, an additive [rows, 1, 1, width] mask over each row's last `lengths[i]`
+    columns (None when every row fills the run). All are views of one right-aligned mask;
+    additive rather than boolean because SDPA would convert a boolean mask on every call."""
     if not runs:
         return []
     widest = max(w for _, _, w in runs)
     lens = torch.tensor(lengths, device=device)
-    full = torch.arange(widest, device=device)[None, :] >= (widest - lens)[:, None]
+    pad = torch.arange(widest, device=device)[None, :] < (widest - lens)[:, None]
+    full = torch.zeros(pad.shape, dtype=dtype, device=device).masked_fill_(pad, float("-inf"))
     masks: list[torch.Tensor | None] = []
     for a, b, w in runs:
         full_rows = all(n >= w for n in lengths[a:b])

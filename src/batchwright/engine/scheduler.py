@@ -147,7 +147,7 @@ class Scheduler:
             else:
                 live = [s is not None for s in self.seqs]
                 runs = decode_runs(lengths, live, self.call_cost, _MAX_RUN)
-            masks = run_masks(runs, lengths, dev)
+            masks = run_masks(runs, lengths, self.e.lm.dtype, dev)
         plan = Step(rows, self.batch.cache, runs, masks, bounds)
         logits = self.e.forward_step(
             torch.cat(ids), torch.cat(positions), torch.tensor(keep, device=dev), plan
