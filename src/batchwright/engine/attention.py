@@ -212,7 +212,7 @@ def attention(
         pk, pv = key[:, :, n:], value[:, :, n:]
         plan.captured[layer_idx] = (pk, pv)
         for s, e in plan.bounds:
-            out = F.scaled_dot_product_attention(
+            attended = F.scaled_dot_product_attention(
                 query[:, :, n + s : n + e],
                 pk[:, :, s:e],
                 pv[:, :, s:e],
@@ -220,7 +220,7 @@ def attention(
                 scale=scaling,
                 enable_gqa=gqa,
             )
-            result[:, n + s : n + e] = out.transpose(1, 2)
+            result[:, n + s : n + e] = attended.transpose(1, 2)
     return result, None
 
 
