@@ -18,7 +18,7 @@ from batchwright.engine.demo import build_demo_model
 from batchwright.registry import DEMO_MODEL, ModelSpec
 
 # Bump when a change in the engine can change outputs for the same weights and parameters.
-ENGINE_VERSION = "2"
+ENGINE_VERSION = "3"
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _FULL_HASH_LIMIT = 64 * 1024 * 1024
