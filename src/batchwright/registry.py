@@ -29,6 +29,9 @@ class ModelSpec(BaseModel):
     max_rows: int = 64  # sequences decoded together
     max_batch_tokens: int = 16384  # prompt tokens prefilled in one forward
     context_length: int | None = None  # default: the model config's max_position_embeddings
+    # CPU float32: decode attention by the native kernel (built on first use with the
+    # machine's C++ compiler; without one the SDPA path runs, same results).
+    native_attention: bool = True
 
 
 class Registry(BaseModel):

@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from batchwright.engine.attention import decode_runs
 from batchwright.engine.demo import build_demo_model
+from batchwright.engine.native import decode_attention_kernel
 from batchwright.engine.sampling import BatchSampler, RowParams, _nucleus_floor
 from tests.engine.conftest import Direct
 
@@ -63,13 +65,17 @@ def test_decode_runs_are_the_cheapest_split() -> None:
         assert got == _brute_force_cost(lengths, live, cost, max_run)
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native-kernel", "sdpa-runs"])
 def test_mixed_lengths_over_several_attention_groups(
-    run: Any, make_engine: Any, direct: Any
+    run: Any, make_engine: Any, direct: Any, native: bool
 ) -> None:
-    # 24 rows split into several decode attention runs; 40 requests make rows leave and join,
-    # and packed prefills carry several prompts of different lengths.
-    eng = make_engine(max_rows=24, max_batch_tokens=400)
+    # 24 rows of very different lengths; 40 requests make rows leave and join, and packed
+    # prefills carry several prompts of different lengths. Both decode attention paths.
+    eng = make_engine(max_rows=24, max_batch_tokens=400, native_attention=native)
     assert eng.lm.varlen
+    if native and decode_attention_kernel() is None:
+        pytest.skip("no C++ toolchain to build the native kernel on this machine")
+    assert eng.lm.native_attention == native
     bodies = _mixed_bodies(eng.lm.vocab_size, set(direct.eos), 40)
     results = run.many(bodies, eng)
     for body, res in zip(bodies, results, strict=True):
@@ -79,10 +85,13 @@ def test_mixed_lengths_over_several_attention_groups(
         assert res.completion["choices"][0]["text"] == eng.decode(want)
 
 
-def test_grouped_query_attention_model(run: Any, make_engine: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["native-kernel", "sdpa-runs"])
+def test_grouped_query_attention_model(
+    run: Any, make_engine: Any, tmp_path: Path, native: bool
+) -> None:
     # Fewer key/value heads than query heads: the varlen attention must expand them.
     path = build_demo_model(tmp_path / "gqa", heads=4, kv_heads=2, seed=3)
-    eng = make_engine(path=path, max_rows=20, max_batch_tokens=300)
+    eng = make_engine(path=path, max_rows=20, max_batch_tokens=300, native_attention=native)
     ref = Direct(eng)
     bodies = _mixed_bodies(eng.lm.vocab_size, set(ref.eos), 24)
     for body, res in zip(bodies, run.many(bodies, eng), strict=True):
@@ -90,6 +99,32 @@ def test_grouped_query_attention_model(run: Any, make_engine: Any, tmp_path: Pat
         if want and want[-1] in ref.eos:
             want = want[:-1]
         assert res.completion["choices"][0]["text"] == eng.decode(want)
+
+
+def test_native_kernel_matches_sdpa_per_row() -> None:
+    # Left-padded cache buffers with spare capacity, grouped-query heads, dead slots
+    # (length 0) and rows from 1 column to all of them, against SDPA on each row's columns.
+    kernel = decode_attention_kernel()
+    if kernel is None:
+        pytest.skip("no C++ toolchain to build the native kernel on this machine")
+    gen = torch.Generator().manual_seed(5)
+    rows, q_heads, kv_heads, dim, cap, cols = 9, 6, 2, 32, 50, 41
+    keys = torch.randn(rows, kv_heads, cap, dim, generator=gen)
+    values = torch.randn(rows, kv_heads, cap, dim, generator=gen)
+    q = torch.randn(rows, q_heads, dim, generator=gen)
+    lens = torch.tensor([1, 41, 0, 17, 40, 2, 0, 33, 8])
+    out = kernel(q, keys, values, lens, cols, 0.3)
+    for r, n in enumerate(lens.tolist()):
+        if n == 0:
+            assert not out[r].any()
+            continue
+        want = F.scaled_dot_product_attention(
+            q[r, :, None],
+            keys[r, :, cols - n : cols].repeat_interleave(q_heads // kv_heads, 0),
+            values[r, :, cols - n : cols].repeat_interleave(q_heads // kv_heads, 0),
+            scale=0.3,
+        )[:, 0]
+        torch.testing.assert_close(out[r], want, rtol=1e-5, atol=1e-5)
 
 
 def test_padded_path_gives_the_same_text(run: Any, make_engine: Any, direct: Any) -> None:

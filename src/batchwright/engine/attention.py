@@ -28,6 +28,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from batchwright.engine.native import decode_attention_kernel
+
 NAME = "batchwright"
 # Attention variants some architectures pass per layer that this implementation lacks.
 _UNSUPPORTED = ("sliding_window", "softcap", "s_aux")
@@ -53,6 +55,8 @@ class Step:
     masks: list[torch.Tensor | None]  # per run, [rows, 1, 1, width]; None when all full
     bounds: list[tuple[int, int]]  # [start, end) of each prompt, counted after the rows
     captured: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    # With the native kernel: each row's columns (0 = dead slot); runs and masks unused.
+    lens: torch.Tensor | None = None
 
 
 _PLAN: ContextVar[Step | None] = ContextVar("batchwright_attention_plan", default=None)
@@ -187,27 +191,14 @@ def attention(
         keys, values = layer.update(
             key[0, :, :n, None].transpose(0, 1), value[0, :, :n, None].transpose(0, 1)
         )
-        q = query[0, :, :n, None].transpose(0, 1)
-        cols = keys.shape[2]
-        pieces: list[torch.Tensor] = []
-        done = 0
-        for (a, b, w), mask in zip(plan.runs, plan.masks, strict=True):
-            if a > done:  # skipped dead slots: finite, never read
-                pieces.append(q.new_zeros((a - done, q.shape[1], 1, value.shape[-1])))
-            pieces.append(
-                F.scaled_dot_product_attention(
-                    q[a:b],
-                    keys[a:b, :, cols - w :],
-                    values[a:b, :, cols - w :],
-                    attn_mask=mask,
-                    scale=scaling,
-                    enable_gqa=gqa,
-                )
-            )
-            done = b
-        if done < n:
-            pieces.append(q.new_zeros((n - done, q.shape[1], 1, value.shape[-1])))
-        result[0, :n] = torch.cat(pieces)[:, :, 0]
+        q = query[0, :, :n].transpose(0, 1)  # [rows, heads, dim]
+        if plan.lens is not None:
+            kernel = decode_attention_kernel()
+            assert kernel is not None, "a plan with lens needs the native kernel"
+            scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+            result[0, :n] = kernel(q.contiguous(), keys, values, plan.lens, keys.shape[2], scale)
+        else:
+            result[0, :n] = _attend_runs(plan, q, keys, values, scaling, gqa)
     if plan.bounds:
         pk, pv = key[:, :, n:], value[:, :, n:]
         plan.captured[layer_idx] = (pk, pv)
@@ -222,6 +213,38 @@ def attention(
             )
             result[:, n + s : n + e] = attended.transpose(1, 2)
     return result, None
+
+
+def _attend_runs(
+    plan: Step,
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scaling: float | None,
+    gqa: bool,
+) -> torch.Tensor:
+    """Decode attention with one SDPA call per run of rows; [rows, heads, dim]."""
+    n, heads, dim = q.shape[0], q.shape[1], values.shape[-1]
+    cols = keys.shape[2]
+    pieces: list[torch.Tensor] = []
+    done = 0
+    for (a, b, w), mask in zip(plan.runs, plan.masks, strict=True):
+        if a > done:  # skipped dead slots: finite, never read
+            pieces.append(q.new_zeros((a - done, heads, 1, dim)))
+        pieces.append(
+            F.scaled_dot_product_attention(
+                q[a:b, :, None],
+                keys[a:b, :, cols - w :],
+                values[a:b, :, cols - w :],
+                attn_mask=mask,
+                scale=scaling,
+                enable_gqa=gqa,
+            )
+        )
+        done = b
+    if done < n:
+        pieces.append(q.new_zeros((n - done, heads, 1, dim)))
+    return torch.cat(pieces)[:, :, 0]
 
 
 def _mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:

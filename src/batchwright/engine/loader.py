@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from batchwright.engine import attention
 from batchwright.engine.demo import build_demo_model
+from batchwright.engine.native import decode_attention_kernel
 from batchwright.registry import DEMO_MODEL, ModelSpec
 
 # Bump when a change in the engine can change outputs for the same weights and parameters.
@@ -39,6 +40,7 @@ class LoadedModel:
     has_logits_to_keep: bool
     fingerprint: str
     varlen: bool = False  # the model runs batchwright's variable-length attention
+    native_attention: bool = False  # decode attention by the native kernel (native.py)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -111,6 +113,14 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     max_pos = int(getattr(text_config, "max_position_embeddings", 0) or 2048)
     context = spec.context_length or max_pos
     params = inspect.signature(model.forward).parameters
+    # The kernel is float32 and CPU only; elsewhere decode attention runs on SDPA.
+    native = (
+        spec.native_attention
+        and varlen
+        and device.type == "cpu"
+        and dtype == torch.float32
+        and decode_attention_kernel() is not None
+    )
     engine_config = {
         "engine": ENGINE_VERSION,
         "dtype": str(dtype),
@@ -119,6 +129,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         "max_batch_tokens": spec.max_batch_tokens,
         "context_length": context,
         "varlen": varlen,
+        "native_attention": native,
         "torch": ".".join(torch.__version__.split(".")[:2]),
         "transformers": ".".join(transformers.__version__.split(".")[:2]),
     }
@@ -134,6 +145,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         has_logits_to_keep="logits_to_keep" in params,
         fingerprint=fingerprint(path, engine_config),
         varlen=varlen,
+        native_attention=native,
     )
 
 

@@ -61,6 +61,8 @@ class Scheduler:
         self.varlen = engine.lm.varlen
         self.group_rows = _GROUP_ROWS.get(dev.type, _GROUP_ROWS_DEFAULT)
         self.call_cost = _CALL_COST.get(dev.type)
+        # The native kernel reads each row's own columns: no runs, masks or regrouping.
+        self.native = engine.lm.native_attention and self.varlen
 
     @property
     def live(self) -> int:
@@ -139,7 +141,11 @@ class Scheduler:
         keep = [*range(rows), *(rows + e - 1 for _, e in bounds)]
         runs: list[tuple[int, int, int]] = []
         masks: list[torch.Tensor | None] = []
-        if rows:
+        lens = None
+        if rows and self.native:
+            self.batch.append_column()
+            lens = torch.where(self.alive, self.lengths + 1, 0)
+        elif rows:
             self.batch.append_column()
             lengths = self._attention_lengths()
             if self.call_cost is None:
@@ -148,7 +154,7 @@ class Scheduler:
                 live = [s is not None for s in self.seqs]
                 runs = decode_runs(lengths, live, self.call_cost, _MAX_RUN)
             masks = run_masks(runs, lengths, self.e.lm.dtype, dev)
-        plan = Step(rows, self.batch.cache, runs, masks, bounds)
+        plan = Step(rows, self.batch.cache, runs, masks, bounds, lens=lens)
         logits = self.e.forward_step(
             torch.cat(ids), torch.cat(positions), torch.tensor(keep, device=dev), plan
         )
@@ -237,7 +243,7 @@ class Scheduler:
             self.counts[slots] = counts[:n]
             for slot, i in zip(dead, keep[:n], strict=True):
                 self.seqs[slot] = seqs[i]
-            if self.varlen:
+            if self.varlen and not self.native:
                 self._regroup(dead)
         if len(keep) > len(dead):
             n = len(dead)

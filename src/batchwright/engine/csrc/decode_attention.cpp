@@ -1,0 +1,100 @@
+// Decode attention over the engine's left-padded batch cache, reading each row's own
+// columns only: the varlen kernel SDPA lacks on CPU. One query token per row; float32.
+//
+//   q     [rows, q_heads, dim], contiguous
+//   k, v  [rows, kv_heads, capacity, dim], columns contiguous (the cache buffers)
+//   lens  [rows] int64: row r attends to columns [cols - lens[r], cols); 0 = dead slot
+//
+// Returns [rows, q_heads, dim] (zeros for dead slots). Reading keys and values is the
+// whole cost, so the loops stream each row's columns once per query head.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                               torch::Tensor lens, int64_t cols, double scale) {
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
+                  v.scalar_type() == torch::kFloat32,
+              "decode_attention: float32 only");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4, "decode_attention: shapes");
+  TORCH_CHECK(q.is_contiguous(), "decode_attention: q must be contiguous");
+  const int64_t rows = q.size(0), hq = q.size(1), d = q.size(2), hkv = k.size(1);
+  TORCH_CHECK(k.size(0) >= rows && v.size(0) >= rows && hq % hkv == 0 && k.size(3) == d &&
+                  v.size(3) == d && k.size(2) >= cols && v.size(2) >= cols,
+              "decode_attention: cache shape");
+  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1 && k.stride(2) == d && v.stride(2) == d,
+              "decode_attention: cache columns must be contiguous");
+  auto lens64 = lens.to(torch::kInt64).contiguous();
+  TORCH_CHECK(lens64.numel() == rows, "decode_attention: one length per row");
+  const int64_t* len = lens64.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(len[r] >= 0 && len[r] <= cols, "decode_attention: length out of range");
+  }
+  auto out = torch::zeros_like(q);
+  const int64_t group = hq / hkv;
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t ks0 = k.stride(0), ks1 = k.stride(1), vs0 = v.stride(0), vs1 = v.stride(1);
+  const float sc = static_cast<float>(scale);
+  // Rows differ in length and similar lengths sit together, so equal item counts would
+  // not be equal work: split the (row, kv head) items at equal shares of columns instead.
+  const int64_t items = rows * hkv;
+  int64_t total = 0;
+  for (int64_t r = 0; r < rows; ++r) total += len[r] * hkv;
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(items, 4 * at::get_num_threads()));
+  std::vector<int64_t> bounds(parts + 1, items);
+  bounds[0] = 0;
+  int64_t seen = 0, part = 1;
+  for (int64_t item = 0; item < items && part < parts; ++item) {
+    seen += len[item / hkv];
+    while (part < parts && seen * parts >= total * part) bounds[part++] = item + 1;
+  }
+  at::parallel_for(0, parts, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> p;
+    const int64_t begin = bounds[first], end = bounds[last];
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t r = item / hkv, hk = item % hkv, n = len[r];
+      if (n == 0) continue;
+      const float* kb = kp + r * ks0 + hk * ks1 + (cols - n) * d;
+      const float* vb = vp + r * vs0 + hk * vs1 + (cols - n) * d;
+      p.resize(n);
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t h = hk * group + g;
+        const float* qh = qp + (r * hq + h) * d;
+        float top = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) {
+          const float* kj = kb + j * d;
+          float s = 0.f;
+#pragma omp simd reduction(+ : s)
+          for (int64_t x = 0; x < d; ++x) s += qh[x] * kj[x];
+          p[j] = s * sc;
+          top = std::max(top, p[j]);
+        }
+        float sum = 0.f;
+        for (int64_t j = 0; j < n; ++j) {
+          p[j] = std::exp(p[j] - top);
+          sum += p[j];
+        }
+        const float inv = 1.f / sum;
+        float* oh = op + (r * hq + h) * d;
+        for (int64_t j = 0; j < n; ++j) {
+          const float w = p[j] * inv;
+          const float* vj = vb + j * d;
+#pragma omp simd
+          for (int64_t x = 0; x < d; ++x) oh[x] += w * vj[x];
+        }
+      }
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("decode_attention", &decode_attention, "varlen decode attention (float32, CPU)");
+}
