@@ -9,16 +9,22 @@ where that fails the engine keeps its SDPA path, which gives the same results.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import logging
+import time
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
 log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("csrc") / "decode_attention.cpp"
+# A build lock older than this was left by a killed build (one takes about 30 s).
+_STALE_LOCK_SECONDS = 600
 
 # (q, keys, values, lens, cols, scale) -> out; see the source for the layouts.
 Kernel = Callable[
@@ -33,8 +39,7 @@ def _flags() -> tuple[str, list[str]]:
     capability = torch.backends.cpu.get_cpu_capability().lower()
     flags = ["-O3", "-fopenmp"]
     if capability in ("avx2", "avx512"):
-        flags += ["-mavx2", "-mfma"]
-        return "avx2", flags
+        return "avx2", [*flags, "-mavx2", "-mfma"]
     return "base", flags
 
 
@@ -42,17 +47,34 @@ def _flags() -> tuple[str, list[str]]:
 def decode_attention_kernel() -> Kernel | None:
     """The compiled kernel, or None where it cannot be built here."""
     try:
-        from torch.utils.cpp_extension import load
-
-        suffix, flags = _flags()
-        module = load(
-            name=f"batchwright_decode_attention_{suffix}",
-            sources=[str(_SOURCE)],
-            extra_cflags=flags,
-            verbose=False,
-        )
+        module = _load()
     except Exception as exc:  # no compiler, no headers, a failed build: keep SDPA
         log.warning("native decode attention unavailable, using SDPA runs: %s", exc)
         return None
     kernel: Kernel = module.decode_attention
     return kernel
+
+
+def _load() -> ModuleType:
+    from torch.utils import cpp_extension
+
+    suffix, flags = _flags()
+    digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:10]
+    # The source's hash is in the name, so a built library of that name is this source.
+    name = f"batchwright_decode_attention_{suffix}_{digest}"
+    build = Path(cpp_extension._get_build_directory(name, verbose=False))
+    library = build / f"{name}.so"
+    if library.exists():
+        # Import it directly: cpp_extension.load takes a lock file on every call, and a
+        # worker killed while holding it would block every later load.
+        spec = importlib.util.spec_from_file_location(name, library)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    lock = build / "lock"
+    if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_SECONDS:
+        lock.unlink(missing_ok=True)
+    module = cpp_extension.load(name=name, sources=[str(_SOURCE)], extra_cflags=flags)
+    assert isinstance(module, ModuleType)
+    return module
