@@ -16,8 +16,15 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-# Extra columns allocated when a buffer is full: amortises reallocation to O(1) per step.
+# Spare columns allocated when a buffer is full or rebuilt: at least _HEADROOM, or this
+# share of the columns in use, so that a growing cache is copied a few times, not every
+# _HEADROOM steps (each copy moves every row of every layer).
 _HEADROOM = 64
+_GROWTH = 0.5
+
+
+def _spare(columns: int) -> int:
+    return max(_HEADROOM, int(columns * _GROWTH))
 
 
 class _GrowLayer(DynamicLayer):  # type: ignore[no-untyped-call]
@@ -50,7 +57,7 @@ class _GrowLayer(DynamicLayer):  # type: ignore[no-untyped-call]
         need = self._used + n
         if need > self._kbuf.shape[-2]:
             b, h, _, d = self._kbuf.shape
-            cap = need + _HEADROOM
+            cap = need + _spare(need)
             kbuf = self._kbuf.new_empty((b, h, cap, d))
             vbuf = self._vbuf.new_empty((b, h, cap, self._vbuf.shape[-1]))
             kbuf[..., : self._used, :] = self._kbuf[..., : self._used, :]
@@ -93,7 +100,7 @@ def _with_headroom(t: torch.Tensor) -> torch.Tensor:
     Rebuilt caches would otherwise be exactly full and reallocate on the very next step.
     """
     b, h, n, d = t.shape
-    buf = t.new_empty((b, h, n + _HEADROOM, d))
+    buf = t.new_empty((b, h, n + _spare(n), d))
     buf[..., :n, :] = t
     return buf
 
