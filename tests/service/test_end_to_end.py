@@ -82,8 +82,10 @@ def test_sdk_round_trip(client: Any) -> None:
 
 
 def test_counts_and_usage_move_while_running(client: Any) -> None:
+    # Enough lines for many result flushes (every 32 lines or 0.5 s) over several seconds,
+    # so that polling every 0.3 s sees the batch part-way however fast the engine is.
     requests = [
-        line(f"live-{i}", {"max_tokens": 48, "temperature": 0.9, "seed": i}) for i in range(64)
+        line(f"live-{i}", {"max_tokens": 48, "temperature": 0.9, "seed": i}) for i in range(256)
     ]
     batch = submit(client, jsonl(requests))
     seen: list[Any] = []
