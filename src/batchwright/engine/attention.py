@@ -5,12 +5,13 @@ The model runs with `attn_implementation="batchwright"`. Before a forward the sc
 sets a `Step` plan; without one (prompt scoring, anything else) this is plain SDPA with
 the mask transformers builds.
 
-- Decode rows read the left-padded batch cache. A row's real tokens are its last
-  `length` columns, so a run of neighbouring rows only needs the columns of its longest
-  row instead of the longest row of the whole batch. Reading keys and values is the cost
-  (it is bound by memory bandwidth), so on CPU the rows are split into the runs that
-  minimise columns read plus a fixed cost per call (`decode_runs`); on CUDA each call
-  costs a launch, so runs are fixed and large there. Dead slots are skipped.
+- Decode rows read the left-padded batch cache; a row's real tokens are its last
+  `length` columns. Reading keys and values is the cost (bound by memory bandwidth). On
+  CPU in float32 the native kernel (native.py) reads each row's own columns in one call.
+  Otherwise a run of neighbouring rows reads the columns of its longest row: on CPU the
+  rows are split into the runs that minimise columns read plus a fixed cost per call
+  (`decode_runs`); on CUDA each call costs a launch, so runs are fixed and large there.
+  Dead slots are skipped.
 - Each prompt attends causally to itself only.
 """
 

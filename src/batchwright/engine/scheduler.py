@@ -93,8 +93,8 @@ class Scheduler:
         drop_rows = dead > 0 and not waiting and 4 * dead >= len(self.seqs)
         prefix = self.batch.dead_prefix()
         if self.varlen:
-            # Grouped attention never reads those columns, so they only cost memory: drop
-            # them when the cache must grow anyway (one copy instead of two).
+            # Neither the native kernel nor the SDPA runs read those columns, so they only
+            # cost memory: drop them when the cache must grow anyway (one copy, not two).
             drop_cols = prefix >= 64 and self.batch.headroom() == 0
         else:
             drop_cols = prefix >= max(64, self.batch.columns // 4)
@@ -115,6 +115,16 @@ class Scheduler:
         """Columns each row attends to in the next decode step (1 for a dead slot)."""
         lens: list[int] = torch.where(self.alive, self.lengths + 1, 1).tolist()
         return lens
+
+    def _decode_runs(self) -> tuple[list[tuple[int, int, int]], list[torch.Tensor | None]]:
+        """Runs of rows and their masks for SDPA decode attention (no native kernel)."""
+        lengths = self._attention_lengths()
+        if self.call_cost is None:
+            runs = fixed_runs(lengths, self.group_rows)
+        else:
+            live: list[bool] = self.alive.tolist()
+            runs = decode_runs(lengths, live, self.call_cost, _MAX_RUN)
+        return runs, run_masks(runs, lengths, self.e.lm.dtype, self.device)
 
     def _resample(self) -> None:
         params = [s.params if s is not None else _IDLE for s in self.seqs]
@@ -142,18 +152,12 @@ class Scheduler:
         runs: list[tuple[int, int, int]] = []
         masks: list[torch.Tensor | None] = []
         lens = None
-        if rows and self.native:
+        if rows:
             self.batch.append_column()
-            lens = torch.where(self.alive, self.lengths + 1, 0)
-        elif rows:
-            self.batch.append_column()
-            lengths = self._attention_lengths()
-            if self.call_cost is None:
-                runs = fixed_runs(lengths, self.group_rows)
+            if self.native:
+                lens = torch.where(self.alive, self.lengths + 1, 0)
             else:
-                live = [s is not None for s in self.seqs]
-                runs = decode_runs(lengths, live, self.call_cost, _MAX_RUN)
-            masks = run_masks(runs, lengths, self.e.lm.dtype, dev)
+                runs, masks = self._decode_runs()
         plan = Step(rows, self.batch.cache, runs, masks, bounds, lens=lens)
         logits = self.e.forward_step(
             torch.cat(ids), torch.cat(positions), torch.tensor(keep, device=dev), plan
