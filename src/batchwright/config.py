@@ -53,6 +53,8 @@ class Settings(BaseSettings):
     # (validate, finalize) never wait behind a long generation run.
     work_slice_seconds: float = 60.0
     sweep_interval_seconds: float = 15.0
+    # How often a worker looks for cancelled batches among the lines it holds.
+    cancel_poll_seconds: float = 2.0
 
     @property
     def embedded(self) -> bool:

@@ -17,6 +17,7 @@ from batchwright.db.session import session_scope
 from batchwright.engine.types import GenRequest
 from batchwright.worker import budget
 from batchwright.worker.budget import is_out_of_memory
+from batchwright.worker.cancels import CancelWatch
 
 __all__ = ["Lease", "is_out_of_memory"]
 
@@ -34,6 +35,8 @@ class Lease:
         self.more_work = False  # stopped by the slice or a shutdown with rows still queued
         self._heartbeat_stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
+        self.cancels = CancelWatch(self.token)
+        self.cancelled = self.cancels.drain  # the engine's cancel hook
 
     def claim(self, limit: int, *, suspects: bool = False) -> list[BatchRequest]:
         now = time.time()
@@ -94,9 +97,10 @@ class Lease:
                 return
             yield from self._requests(rows)
 
-    @staticmethod
-    def _requests(rows: list[BatchRequest]) -> Iterator[GenRequest]:
+    def _requests(self, rows: list[BatchRequest]) -> Iterator[GenRequest]:
         for row in rows:
+            if (row.id, row.batch_id) in self.cancels:
+                continue  # cancelled between its claim and the engine asking for it
             body: dict[str, Any] = orjson.loads(row.body)
             yield GenRequest(key=(row.id, row.batch_id), body=body)
 
@@ -110,9 +114,14 @@ class Lease:
 
     def _beat(self) -> None:
         interval = max(self.settings.lease_seconds / 3, 0.5)
-        while not self._heartbeat_stop.wait(interval):
+        tick = min(interval, max(self.settings.cancel_poll_seconds, 0.1))
+        renewed = time.monotonic()
+        while not self._heartbeat_stop.wait(tick):
             try:
-                self._renew()
+                if time.monotonic() - renewed >= interval:
+                    self._renew()
+                    renewed = time.monotonic()
+                self.cancels.poll()
             except Exception:  # a dropped connection: the next beat retries
                 continue
 

@@ -84,9 +84,10 @@ def process(
     landed = 0
     try:
         with Lease(model, settings, SHUTDOWN) as lease:
+            lease.cancels.on_batch = finalize_batch
             buffer: list[GenResult] = []
             last = time.monotonic()
-            for result in engine.run(lease.requests()):
+            for result in engine.run(lease.requests(), cancelled=lease.cancelled):
                 buffer.append(result)
                 if len(buffer) >= FLUSH_EVERY or time.monotonic() - last >= FLUSH_SECONDS:
                     landed += _flush(lease.token, buffer)
