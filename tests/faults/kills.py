@@ -9,34 +9,31 @@ from tests.conftest import Proc
 from tests.faults.conftest import Stack
 
 
-def kill_holding(fault: Stack, proc: Proc, batch_id: str, timeout: float = 240) -> int:
+def kill_holding(
+    fault: Stack, proc: Proc, batch_id: str, dead: set[str] | None = None, timeout: float = 240
+) -> int:
     """SIGKILL `proc` while it holds leased rows of `batch_id`; return how many it held.
 
     The worker is frozen (SIGSTOP) before its rows are counted, so the count is what it
     held when it died; if it held none at that instant it is thawed and watched again.
-    `proc` must be the only live worker (rows of workers killed before have lease tokens
-    of their own, left out here by their expiry being in the past or their token)."""
-    dead = {
-        token
-        for (token,) in fault.sql(
-            "SELECT DISTINCT lease_token FROM batch_requests "
-            "WHERE batch_id = %s AND state = 'running'",
-            batch_id,
-        )
-    }
+    `proc` must be the only live worker; `dead` collects the lease tokens of the workers
+    killed so far (their rows stay `running` until the sweeper re-queues them), so pass
+    the same set to successive calls."""
+    dead = set() if dead is None else dead
     query = (
-        "SELECT count(*) FROM batch_requests WHERE batch_id = %s AND state = 'running' "
+        "SELECT lease_token FROM batch_requests WHERE batch_id = %s AND state = 'running' "
         "AND lease_token <> ALL(%s::text[])"
     )
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         assert proc.popen.poll() is None, proc.output()[-2000:]
-        if fault.scalar(query, batch_id, list(dead)):
+        if fault.sql(query, batch_id, list(dead)):
             proc.popen.send_signal(signal.SIGSTOP)
-            held = int(fault.scalar(query, batch_id, list(dead)))
-            if held:
+            tokens = [t for (t,) in fault.sql(query, batch_id, list(dead))]
+            if tokens:
                 fault.kill(proc)
-                return held
+                dead.update(tokens)
+                return len(tokens)
             proc.popen.send_signal(signal.SIGCONT)
         time.sleep(0.02)
     raise TimeoutError(f"the worker never held rows of {batch_id}")

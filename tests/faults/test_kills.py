@@ -24,13 +24,14 @@ def test_eight_kills_over_a_big_batch(fault: Stack) -> None:
     started = time.monotonic()
     proc = fault.worker()
     batch = submit(client, jsonl(requests))
-    lost_rows = []
+    lost_rows: list[int] = []
+    dead: set[str] = set()
     for k in range(1, KILLS + 1):
         # Spread over the batch: each kill waits for its share of the lines to be done.
         target = LINES * k // (KILLS + 2)
         while client.batches.retrieve(batch.id).request_counts.completed < target:
             time.sleep(0.2)
-        lost_rows.append(kill_holding(fault, proc, batch.id))
+        lost_rows.append(kill_holding(fault, proc, batch.id, dead))
         proc = fault.worker()
     done = assert_batch_whole(
         fault, client, batch.id, [r["custom_id"] for r in requests], timeout=900
