@@ -138,7 +138,7 @@ class Lease:
             error = exc[1] if isinstance(exc[1], BaseException) else None
             # Out of memory, a database or broker error: not the lines' doing (budget.py).
             lost = budget.is_infrastructure(error)
-            self.release(f"Worker error: {error!r}"[:500], refund=lost, lost=lost)
+            self.release(f"Worker error: {error!r}"[:500], lost=lost)
         else:
             # Claimed but never finished (the engine stopped pulling early): not tried, so
             # back to the queue now rather than after the lease runs out.
