@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy.exc import SQLAlchemyError
+
+from batchwright.errors import NotFound
 
 app = typer.Typer(help="Self-hosted, OpenAI-compatible batch inference.", no_args_is_help=True)
 keys = typer.Typer(help="Create and revoke API keys.", no_args_is_help=True)
@@ -109,6 +112,18 @@ def db_upgrade() -> None:
     console.print("database at head")
 
 
+def _fail(message: str) -> NoReturn:
+    Console(stderr=True).print(f"error: {message}", highlight=False)
+    raise typer.Exit(1)
+
+
+def _database_error(exc: Exception) -> NoReturn:
+    text = str(exc).lower()
+    if "does not exist" in text or "no such table" in text:
+        _fail("the database has no tables yet; run `batchwright db upgrade` first.")
+    _fail(f"cannot use the database: {str(exc).splitlines()[0][:200]}")
+
+
 @keys.command("create")
 def keys_create(
     project: Annotated[str, typer.Option(help="Project name (created if new).")] = "default",
@@ -118,9 +133,12 @@ def keys_create(
     from batchwright.auth.service import create_key
     from batchwright.db.session import session_scope
 
-    with session_scope() as session:
-        key, secret = create_key(session, project, name)
-        key_id = key.id
+    try:
+        with session_scope() as session:
+            key, secret = create_key(session, project, name)
+            key_id = key.id
+    except SQLAlchemyError as exc:
+        _database_error(exc)
     Console(stderr=True).print(f"key id: {key_id}", highlight=False)
     sys.stdout.write(secret + "\n")
 
@@ -131,8 +149,13 @@ def keys_revoke(key_id: str) -> None:
     from batchwright.auth.service import revoke_key
     from batchwright.db.session import session_scope
 
-    with session_scope() as session:
-        revoke_key(session, key_id)
+    try:
+        with session_scope() as session:
+            revoke_key(session, key_id)
+    except NotFound as exc:
+        _fail(exc.message)
+    except SQLAlchemyError as exc:
+        _database_error(exc)
     console.print(f"revoked {key_id}")
 
 

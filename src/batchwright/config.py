@@ -42,10 +42,19 @@ class Settings(BaseSettings):
     lease_seconds: int = 120
     claim_batch_size: int = 64
     max_attempts: int = 3
+    # Runs of a line lost to worker deaths, lost leases, database/broker errors or OOM: they
+    # do not use its attempts; past this many (the last ones alone) the line fails for good.
+    max_infra_failures: int = 12
+    # Times a batch's validate or finalize may raise before the batch ends `failed`.
+    max_batch_failures: int = 3
+    # Sequences one line may run (prompts x best_of, or x n): a line above it is a 400.
+    max_sequences_per_line: int = 256
     # A process task gives the queue back after this long so control tasks
     # (validate, finalize) never wait behind a long generation run.
     work_slice_seconds: float = 60.0
     sweep_interval_seconds: float = 15.0
+    # How often a worker looks for cancelled batches among the lines it holds.
+    cancel_poll_seconds: float = 2.0
 
     @property
     def embedded(self) -> bool:

@@ -94,6 +94,17 @@ def attempts(stack: Any, batch_id: str) -> dict[int, int]:
     )
 
 
+def infra_failures(stack: Any, batch_id: str) -> dict[int, int]:
+    """How many lines had 0, 1, ... runs lost to the infrastructure."""
+    return dict(
+        stack.sql(
+            "SELECT infra_failures, count(*) FROM batch_requests WHERE batch_id = %s "
+            "GROUP BY infra_failures ORDER BY infra_failures",
+            batch_id,
+        )
+    )
+
+
 def assert_no_half_file(stack: Any, client: Any, name: str, payload: bytes) -> Any:
     """No chunk without its file row; a retried upload of the same bytes then lands whole."""
     orphans = stack.scalar(

@@ -14,7 +14,7 @@ class FakeEngine:
     def __init__(self, delay: float = 0.01) -> None:
         self.delay = delay
 
-    def run(self, requests: Iterable[Any]) -> Iterator[Any]:
+    def run(self, requests: Iterable[Any], cancelled: Any = None) -> Iterator[Any]:
         from batchwright.engine.types import GenResult
 
         for req in requests:

@@ -46,7 +46,7 @@ def test_poison_line_fails_alone(fault: Stack, in_process: Any) -> None:
     class Crashing(FakeEngine):
         """Dies whenever the poison line is among the lines it was handed."""
 
-        def run(self, requests: Iterable[Any]) -> Iterator[Any]:
+        def run(self, requests: Iterable[Any], cancelled: Any = None) -> Iterator[Any]:
             held = list(requests)
             if any(r.body["prompt"].endswith("poison-7") for r in held):
                 raise RuntimeError("segfault-like crash")
@@ -80,7 +80,7 @@ def test_out_of_memory_splits_and_retries(fault: Stack, in_process: Any) -> None
 
         max_rows = 8
 
-        def run(self, requests: Iterable[Any]) -> Iterator[Any]:
+        def run(self, requests: Iterable[Any], cancelled: Any = None) -> Iterator[Any]:
             held: list[Any] = []
             for req in requests:
                 held.append(req)

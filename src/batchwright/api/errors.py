@@ -8,9 +8,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import ORJSONResponse
 from sqlalchemy.exc import DBAPIError, OperationalError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from batchwright.errors import APIError, InvalidRequest, Unavailable
+from batchwright.auth.service import authenticate
+from batchwright.db.session import get_sessionmaker
+from batchwright.errors import APIError, InvalidRequest, Unauthorized, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +34,26 @@ async def on_api_error(_: Request, exc: Exception) -> ORJSONResponse:
     return _render(exc)
 
 
-async def on_validation_error(_: Request, exc: Exception) -> ORJSONResponse:
+def _refused_key(request: Request) -> Unauthorized | None:
+    """The 401 a request without a valid key gets: FastAPI parses the body before the
+    key dependency runs, and a stranger must learn nothing about a body it may not send."""
+    if not request.url.path.startswith("/v1/"):
+        return None
+    try:
+        with get_sessionmaker()() as session:
+            authenticate(session, request.headers.get("authorization"))
+    except Unauthorized as exc:
+        return exc
+    except Exception:  # the database is down: the 400 still tells the truth
+        return None
+    return None
+
+
+async def on_validation_error(request: Request, exc: Exception) -> ORJSONResponse:
     assert isinstance(exc, RequestValidationError)
+    refused = await run_in_threadpool(_refused_key, request)
+    if refused is not None:
+        return _render(refused)
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
     param = _param(tuple(first.get("loc", ())))
     msg = str(first.get("msg", "invalid request"))

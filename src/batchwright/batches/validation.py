@@ -96,6 +96,33 @@ def _parse_line(raw: bytes, line_no: int) -> tuple[dict[str, Any] | None, LineEr
     return obj, None
 
 
+def _body_row(
+    line_no: int, custom_id: str, body: dict[str, Any], settings: Settings
+) -> dict[str, Any]:
+    """The request row for a line: queued, or failed with the 400 the model would give.
+
+    Whatever a body makes the checks raise is that line's 400, never the batch's problem:
+    an exception here would leave the whole batch validating while it is re-driven."""
+    row: dict[str, Any] = {"line_no": line_no, "custom_id": custom_id, "state": "queued"}
+    try:
+        _, error = check_completion_body(body, settings.max_sequences_per_line)
+        row["body"] = orjson.dumps(body).decode()
+    except Exception as exc:
+        # orjson stores at most 254 levels of nesting; RecursionError and the like too.
+        row["body"] = "{}"
+        deep = isinstance(exc, RecursionError) or "ecursion" in str(exc)
+        why = "it nests deeper than 254 levels" if deep else f"{type(exc).__name__}: {exc}"
+        error = {
+            "message": f"Line {line_no}: the body cannot be processed: {why[:200]}.",
+            "type": "invalid_request_error",
+            "param": "body",
+            "code": "invalid_body",
+        }
+    if error is not None:
+        row.update(state="failed", status_code=400, error=orjson.dumps(error).decode())
+    return row
+
+
 def scan_input(session: Session, batch: Batch, registry: Registry, settings: Settings) -> Outcome:
     out = Outcome()
     rows = _Rows(session, batch.id)
@@ -177,16 +204,9 @@ def scan_input(session: Session, batch: Batch, registry: Registry, settings: Set
             continue
         if out.errors:
             continue  # the batch fails anyway: keep scanning for errors, store nothing
-        _, body_error = check_completion_body(body)
-        row: dict[str, Any] = {
-            "line_no": line_no,
-            "custom_id": custom_id,
-            "body": orjson.dumps(body).decode(),
-            "state": "queued",
-        }
-        if body_error is not None:
+        row = _body_row(line_no, custom_id, body, settings)
+        if row["state"] == "failed":
             out.rejected += 1
-            row.update(state="failed", status_code=400, error=orjson.dumps(body_error).decode())
         rows.add(**row)
     if out.total == 0 and not out.errors:
         out.errors.append(LineError("empty_file", 0, "The input file holds no requests."))

@@ -104,6 +104,8 @@ class Batch(Base):
     metadata_: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON)
     # Last time the sweeper or a worker pushed this batch; lets the sweeper spot stuck ones.
     updated_at: Mapped[float] = mapped_column(Float)
+    # Runs of validate/finalize that raised: bounded by max_batch_failures (batches/redrive.py).
+    failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class BatchRequest(Base):
@@ -125,7 +127,10 @@ class BatchRequest(Base):
     body: Mapped[str] = mapped_column(Text)
     # queued -> running -> succeeded | failed | cancelled | expired
     state: Mapped[str] = mapped_column(String(16))
+    # Runs charged to the line itself (its own errors); see worker/budget.py.
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # Runs lost to the infrastructure (worker death, lost lease, database, broker, OOM).
+    infra_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     lease_token: Mapped[str | None] = mapped_column(String(40))
     lease_expires_at: Mapped[float | None] = mapped_column(Float)
     status_code: Mapped[int | None] = mapped_column(Integer)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
@@ -11,6 +12,8 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from batchwright.config import get_settings
+
+log = logging.getLogger(__name__)
 
 
 def normalize_url(url: str) -> str:
@@ -55,7 +58,12 @@ def after_commit(session: Session, fn: AfterCommit) -> None:
 def run_after_commit(session: Session) -> None:
     pending: list[AfterCommit] = session.info.pop("after_commit", [])
     for fn in pending:
-        fn()
+        try:
+            fn()
+        except Exception:
+            # The commit is the truth: the write stands and the caller gets its answer; a
+            # lost wake-up is re-sent by the sweeper (a broker that is down, say).
+            log.warning("a send after commit failed; the sweeper re-sends it", exc_info=True)
 
 
 @contextmanager

@@ -6,9 +6,12 @@ here, so the real loading path (`from_pretrained`) is exercised on files we writ
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -105,4 +108,24 @@ def build_demo_model(
         model = LlamaForCausalLM(config)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    return out
+
+
+def ensure_demo_model(path: str | Path) -> Path:
+    """Build the demo model at `path` unless it is there. Workers starting together take a
+    file lock; each build goes to a private folder renamed into place, so no process ever
+    loads a half-written model."""
+    out = Path(path)
+    if (out / "config.json").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):
+        if (out / "config.json").exists():
+            return out  # another process built it while this one waited
+        tmp = out.parent / f".{out.name}.build-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        build_demo_model(tmp)
+        if out.exists():  # a partial folder from an older, unlocked build
+            shutil.rmtree(out)
+        os.replace(tmp, out)
     return out

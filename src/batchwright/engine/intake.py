@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Generator, Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from batchwright.engine.jobs import Job, Seq
 from batchwright.engine.types import GenRequest, GenResult
@@ -42,6 +43,11 @@ class Intake:
     @property
     def drained(self) -> bool:
         return self.exhausted and not self.pending
+
+    def drop(self, keys: AbstractSet[Any]) -> None:
+        """Forget the waiting candidates of cancelled requests."""
+        if self.pending:
+            self.pending = deque(u for u in self.pending if u.job.key not in keys)
 
     def admit(self, free: int, *, packed: bool) -> Generator[GenResult, None, list[Unit]]:
         """Units for up to `free` rows within max_batch_tokens of prompt tokens (padded

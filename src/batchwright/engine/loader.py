@@ -14,7 +14,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from batchwright.engine import attention
-from batchwright.engine.demo import build_demo_model
+from batchwright.engine.demo import ensure_demo_model
 from batchwright.engine.native import decode_attention_kernel
 from batchwright.registry import DEMO_MODEL, ModelSpec
 
@@ -98,8 +98,8 @@ def _eos_ids(model: Any, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
 
 def load_model(spec: ModelSpec) -> LoadedModel:
     path = Path(spec.path)
-    if spec.name == DEMO_MODEL and not (path / "config.json").exists():
-        build_demo_model(path)
+    if spec.name == DEMO_MODEL:
+        ensure_demo_model(path)
     device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from functools import lru_cache
 from typing import Any
 
@@ -14,6 +15,8 @@ from batchwright.engine.loader import LoadedModel, load_model
 from batchwright.engine.result import build_result
 from batchwright.engine.types import GenRequest, GenResult
 from batchwright.registry import ModelSpec
+
+Cancelled = Callable[[], AbstractSet[Any]]
 
 # Top-k over the prompt's positions is computed in slices of this many positions so the
 # float32 log-softmax of a long prompt never materialises at once.
@@ -70,10 +73,14 @@ class Engine:
             tok=self.token_text,
         )
 
-    def run(self, requests: Iterable[GenRequest]) -> Iterator[GenResult]:
+    def run(
+        self, requests: Iterable[GenRequest], cancelled: Cancelled | None = None
+    ) -> Iterator[GenResult]:
+        """Results as requests finish. `cancelled`, called at most once per step, returns
+        keys of requests to drop at once (running or waiting); they yield no result."""
         from batchwright.engine.scheduler import Scheduler
 
-        return Scheduler(self).run(requests)
+        return Scheduler(self).run(requests, cancelled)
 
     # --- model ---------------------------------------------------------------------------
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,7 +31,7 @@ from batchwright.engine.sampling import BatchSampler, RowParams, StepOut, update
 from batchwright.engine.types import GenRequest, GenResult
 
 if TYPE_CHECKING:
-    from batchwright.engine.runtime import Engine
+    from batchwright.engine.runtime import Cancelled, Engine
 
 
 # Parameters of a dead slot: greedy and plain, so it costs nothing extra to sample.
@@ -68,9 +69,13 @@ class Scheduler:
     def live(self) -> int:
         return sum(1 for s in self.seqs if s is not None)
 
-    def run(self, requests: Iterable[GenRequest]) -> Iterator[GenResult]:
+    def run(
+        self, requests: Iterable[GenRequest], cancelled: Cancelled | None = None
+    ) -> Iterator[GenResult]:
         intake = Intake(self.e, requests)
         while True:
+            if cancelled is not None and (keys := cancelled()):
+                self._drop(keys, intake)
             free = self.e.max_rows - self.live
             units = yield from intake.admit(free, packed=self.varlen)
             if self.varlen:
@@ -83,6 +88,19 @@ class Scheduler:
                 yield from self._decode()
             if not units and not self.live and intake.drained:
                 return
+
+    @torch.inference_mode()
+    def _drop(self, keys: AbstractSet[Any], intake: Intake) -> None:
+        """Cancelled requests leave now: their rows become dead slots, their waiting
+        candidates are forgotten, and their jobs never yield a result."""
+        intake.drop(keys)
+        gone = [i for i, s in enumerate(self.seqs) if s is not None and s.job.key in keys]
+        if gone:
+            for i in gone:
+                self.seqs[i] = None
+            self.batch.kill(gone)
+            self.counts[gone] = 0
+            self._resample()
 
     @torch.inference_mode()
     def _maybe_compact(self, *, waiting: bool) -> None:

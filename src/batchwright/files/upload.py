@@ -23,6 +23,10 @@ from batchwright.files.service import check_purpose, new_file
 from batchwright.files.storage import ChunkWriter
 
 MAX_FIELD_BYTES = 4096
+# Non-file form fields (purpose is the only one read) and header bytes per part: memory
+# per request is bounded by these whatever the client streams.
+MAX_FIELDS = 16
+MAX_HEADER_BYTES = 16 * 1024
 # Multipart framing and small fields on top of the file itself.
 ENVELOPE_SLACK = 64 * 1024
 
@@ -48,14 +52,32 @@ class _Collector:
         self.file_parts = 0
         self.file_bytes = 0
         self.pending: list[bytes] = []
+        self.parts = 0
+        self.header_bytes = 0
+        self.ended = False
 
     def on_part_begin(self) -> None:
         self.part = _Part()
+        self.header_bytes = 0
+        self.parts += 1
+        if self.parts > MAX_FIELDS + 1:
+            raise InvalidRequest(
+                f"Too many form fields: at most {MAX_FIELDS} besides 'file'.", param="file"
+            )
+
+    def _count_header(self, n: int) -> None:
+        self.header_bytes += n
+        if self.header_bytes > MAX_HEADER_BYTES:
+            raise InvalidRequest(
+                f"A multipart part's headers are longer than {MAX_HEADER_BYTES} bytes."
+            )
 
     def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._count_header(end - start)
         self.header_name += data[start:end]
 
     def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._count_header(end - start)
         self.header_value += data[start:end]
 
     def on_header_end(self) -> None:
@@ -91,6 +113,9 @@ class _Collector:
         if self.part.filename is None and self.part.name:
             self.fields[self.part.name] = self.part.data.decode("utf-8", "replace")
 
+    def on_end(self) -> None:
+        self.ended = True
+
 
 async def receive_upload(
     request: Request, session: Session, project_id: str, settings: Settings
@@ -123,14 +148,28 @@ async def receive_upload(
             writer.write(data)
         collector.pending.clear()
 
+    # A streamed (chunked) body has no Content-Length to check up front: count as it comes.
+    budget = settings.max_upload_bytes + ENVELOPE_SLACK
+    received = 0
     try:
         async for data in request.stream():
+            received += len(data)
+            if received > budget:
+                raise PayloadTooLarge(
+                    f"Request body is larger than the {settings.max_upload_bytes} byte limit."
+                )
             parser.write(data)
             if collector.pending:
                 await run_in_threadpool(drain)
         parser.finalize()
     except FormParserError as exc:
         raise InvalidRequest(f"Malformed multipart body: {exc}") from exc
+    if not collector.ended:
+        # Without its closing boundary the body was cut short: storing it would keep a
+        # truncated file. The transaction rolls back, so nothing written so far stays.
+        raise InvalidRequest(
+            "Malformed multipart body: it ends before the closing boundary.", param="file"
+        )
     if collector.file_name is None:
         raise InvalidRequest("Missing required parameter: 'file'.", param="file")
     check_purpose(collector.fields.get("purpose"))

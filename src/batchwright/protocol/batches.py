@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 from batchwright.protocol.base import OpenAIBaseModel
 
@@ -99,6 +99,14 @@ class CreateBatch(BaseModel):
     metadata: dict[str, str] | None = None
     output_expires_after: dict[str, Any] | None = None
 
+    @field_validator("input_file_id", "endpoint", "completion_window")
+    @classmethod
+    def _no_nul(cls, v: str, info: ValidationInfo) -> str:
+        # Postgres text cannot hold NUL: refused here as the client's mistake, not a 503.
+        if "\x00" in v:
+            raise ValueError(f"'{info.field_name}' must not contain NUL characters")
+        return v
+
     @field_validator("metadata")
     @classmethod
     def _metadata_limits(cls, v: dict[str, str] | None) -> dict[str, str] | None:
@@ -107,6 +115,8 @@ class CreateBatch(BaseModel):
         if len(v) > 16:
             raise ValueError("metadata may hold at most 16 key-value pairs")
         for key, value in v.items():
+            if "\x00" in key or "\x00" in value:
+                raise ValueError("metadata keys and values must not contain NUL characters")
             if len(key) > 64:
                 raise ValueError(f"metadata key {key[:20]!r}... is longer than 64 characters")
             if len(value) > 512:

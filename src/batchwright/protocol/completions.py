@@ -6,6 +6,8 @@ OpenAI error object that names the parameter and what is wrong with its value.
 
 from __future__ import annotations
 
+import re
+import reprlib
 from typing import Any, Literal
 
 from pydantic import (
@@ -48,6 +50,17 @@ KNOWN_PARAMS = frozenset(
 _NOT_IN_BATCH = "is not supported in a batch: /v1/completions lines run to completion server-side"
 
 _INT64 = 2**63
+# A logit_bias key is a token id in ASCII digits: str.isdigit() also accepts "²" or "①",
+# which int() rejects, and a key of thousands of digits is over int()'s own limit.
+_TOKEN_ID = re.compile(r"[0-9]{1,12}")
+# Values quoted back in error messages: bounded in depth and length, so a body nested a
+# thousand levels deep (or a megabyte string) gives a short message, not a RecursionError.
+_SHOW = reprlib.Repr()
+_SHOW.maxlevel, _SHOW.maxstring, _SHOW.maxother, _SHOW.maxlist, _SHOW.maxdict = 3, 80, 80, 6, 6
+
+
+def show(value: Any) -> str:
+    return _SHOW.repr(value)
 
 
 class CompletionRequest(BaseModel):
@@ -69,7 +82,7 @@ class CompletionRequest(BaseModel):
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
-    seed: int | None = Field(default=None, ge=-_INT64, lt=_INT64)
+    seed: int | None = Field(default=None, ge=-_INT64, le=_INT64 - 1)
     user: str | None = None
     suffix: str | None = None
     stream: bool | None = None
@@ -111,8 +124,8 @@ class CompletionRequest(BaseModel):
     @classmethod
     def _logit_bias_shape(cls, v: dict[str, float] | None) -> dict[str, float] | None:
         for key, bias in (v or {}).items():
-            if not key.isdigit():
-                raise ValueError(f"keys must be token ids (non-negative integers), got {key!r}")
+            if not _TOKEN_ID.fullmatch(key):
+                raise ValueError(f"keys must be token ids (non-negative integers), got {show(key)}")
             if not -100.0 <= bias <= 100.0:
                 raise ValueError(f"bias for token {key} is {bias}, outside the range -100 to 100")
         return v
@@ -158,6 +171,18 @@ class CompletionRequest(BaseModel):
     def candidates(self) -> int:
         return self.best_of if self.best_of is not None else self.n
 
+    @property
+    def prompt_count(self) -> int:
+        p = self.prompt
+        if isinstance(p, str) or not p or isinstance(p[0], int):
+            return 1
+        return len(p)
+
+    @property
+    def sequences(self) -> int:
+        """Sequences this line runs: one per candidate of every prompt."""
+        return self.prompt_count * self.candidates
+
 
 def _error(message: str, param: str | None, code: str | None = None) -> dict[str, Any]:
     return {"message": message, "type": "invalid_request_error", "param": param, "code": code}
@@ -169,7 +194,7 @@ _UNION_TAGS = frozenset({"str", "int", "float", "list[str]", "list[int]", "list[
 def _describe(err: Any) -> tuple[str, str | None]:
     """One pydantic error → (message naming parameter and value, param)."""
     # Union branch names (e.g. "list[int]") are pydantic's, not the client's: drop them.
-    loc = [str(p) for p in err.get("loc", ()) if str(p) not in _UNION_TAGS]
+    loc = [str(p)[:64] for p in err.get("loc", ()) if str(p) not in _UNION_TAGS]
     param = loc[0] if loc else None
     where = ".".join(loc) if loc else "body"
     value = err.get("input")
@@ -179,27 +204,31 @@ def _describe(err: Any) -> tuple[str, str | None]:
         return f"Missing required parameter: '{where}'.", param
     if kind in ("less_than_equal", "less_than"):
         limit = ctx.get("le", ctx.get("lt"))
-        return f"Invalid '{where}': {value!r} is greater than the maximum of {limit}.", param
+        return f"Invalid '{where}': {show(value)} is greater than the maximum of {limit}.", param
     if kind in ("greater_than_equal", "greater_than"):
         limit = ctx.get("ge", ctx.get("gt"))
-        return f"Invalid '{where}': {value!r} is less than the minimum of {limit}.", param
+        return f"Invalid '{where}': {show(value)} is less than the minimum of {limit}.", param
     if kind == "value_error":
         msg = str(ctx.get("error", err.get("msg", "")))
         if param is None:  # model-level check (best_of vs n)
             param = "best_of" if "best_of" in msg else None
         return f"Invalid '{where if loc else param or 'body'}': {msg}.", param
-    return f"Invalid '{where}': {value!r} is not valid ({err.get('msg', kind)}).", param
+    return f"Invalid '{where}': {show(value)} is not valid ({err.get('msg', kind)}).", param
 
 
-def check_completion_body(body: object) -> tuple[CompletionRequest | None, dict[str, Any] | None]:
-    """Validate a batch line's body: (request, None) or (None, OpenAI error object)."""
+def check_completion_body(
+    body: object, max_sequences: int | None = None
+) -> tuple[CompletionRequest | None, dict[str, Any] | None]:
+    """Validate a batch line's body: (request, None) or (None, OpenAI error object).
+
+    `max_sequences` caps prompts x best_of (or n) per line; None reads it from Settings."""
     if not isinstance(body, dict):
         return None, _error("The request body must be a JSON object.", None, "invalid_body")
     for key in body:
         if key not in KNOWN_PARAMS:
-            return None, _error(f"Unrecognized request argument supplied: {key}", key)
+            return None, _error(f"Unrecognized request argument supplied: {show(key)}", key[:64])
     try:
-        return CompletionRequest.model_validate(body), None
+        req = CompletionRequest.model_validate(body)
     except ValidationError as exc:
         errors = exc.errors()
         # Prefer the error of the simplest union branch for prompt (several branches fail).
@@ -212,13 +241,33 @@ def check_completion_body(body: object) -> tuple[CompletionRequest | None, dict[
             )
             param = "prompt"
         return None, _error(message, param)
+    return _check_sequences(req, max_sequences)
+
+
+def _check_sequences(
+    req: CompletionRequest, limit: int | None
+) -> tuple[CompletionRequest | None, dict[str, Any] | None]:
+    if limit is None:
+        from batchwright.config import get_settings
+
+        limit = get_settings().max_sequences_per_line
+    if req.sequences <= limit:
+        return req, None
+    what, param = ("best_of", "best_of") if req.best_of is not None else ("n", "n")
+    return None, _error(
+        f"This line asks for {req.sequences} sequences ({req.prompt_count} prompts x "
+        f"{what} {req.candidates}); the limit is {limit} sequences per line "
+        "(prompts x best_of). Split the prompts over several lines.",
+        param,
+        "too_many_sequences",
+    )
 
 
 def _prompt_detail(errors: list[Any]) -> str:
     for err in errors:
         if err.get("type") == "value_error":
             return str((err.get("ctx") or {}).get("error", err.get("msg")))
-    return f"got {errors[0].get('input')!r}"[:200]
+    return f"got {show(errors[0].get('input'))}"[:200]
 
 
 # --- response objects -------------------------------------------------------------------

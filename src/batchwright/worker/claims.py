@@ -15,15 +15,11 @@ from batchwright.config import Settings
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.db.session import session_scope
 from batchwright.engine.types import GenRequest
+from batchwright.worker import budget
+from batchwright.worker.budget import is_out_of_memory
+from batchwright.worker.cancels import CancelWatch
 
-# A line that was in flight when runs failed twice may be what fails them: from then on it
-# runs alone, so it cannot use up the attempts of the lines that happened to share its run.
-SOLO_AFTER = 2
-
-
-def is_out_of_memory(exc: BaseException | None) -> bool:
-    # torch.cuda.OutOfMemoryError, matched by name: this module never imports torch.
-    return type(exc).__name__ == "OutOfMemoryError"
+__all__ = ["Lease", "is_out_of_memory"]
 
 
 class Lease:
@@ -39,15 +35,12 @@ class Lease:
         self.more_work = False  # stopped by the slice or a shutdown with rows still queued
         self._heartbeat_stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
+        self.cancels = CancelWatch(self.token)
+        self.cancelled = self.cancels.drain  # the engine's cancel hook
 
     def claim(self, limit: int, *, suspects: bool = False) -> list[BatchRequest]:
         now = time.time()
-        max_attempts = self.settings.max_attempts
-        tries = (
-            BatchRequest.attempts.between(SOLO_AFTER, max_attempts - 1)
-            if suspects
-            else BatchRequest.attempts < min(SOLO_AFTER, max_attempts)
-        )
+        tries = budget.suspect(self.settings) if suspects else budget.batched(self.settings)
         with session_scope() as session:
             ids = list(
                 session.scalars(
@@ -104,9 +97,10 @@ class Lease:
                 return
             yield from self._requests(rows)
 
-    @staticmethod
-    def _requests(rows: list[BatchRequest]) -> Iterator[GenRequest]:
+    def _requests(self, rows: list[BatchRequest]) -> Iterator[GenRequest]:
         for row in rows:
+            if (row.id, row.batch_id) in self.cancels:
+                continue  # cancelled between its claim and the engine asking for it
             body: dict[str, Any] = orjson.loads(row.body)
             yield GenRequest(key=(row.id, row.batch_id), body=body)
 
@@ -120,9 +114,14 @@ class Lease:
 
     def _beat(self) -> None:
         interval = max(self.settings.lease_seconds / 3, 0.5)
-        while not self._heartbeat_stop.wait(interval):
+        tick = min(interval, max(self.settings.cancel_poll_seconds, 0.1))
+        renewed = time.monotonic()
+        while not self._heartbeat_stop.wait(tick):
             try:
-                self._renew()
+                if time.monotonic() - renewed >= interval:
+                    self._renew()
+                    renewed = time.monotonic()
+                self.cancels.poll()
             except Exception:  # a dropped connection: the next beat retries
                 continue
 
@@ -137,21 +136,25 @@ class Lease:
             self._heartbeat.join(timeout=5)
         if exc[0] is not None:
             error = exc[1] if isinstance(exc[1], BaseException) else None
-            # Out of memory is our batch size, not the lines' fault: their attempt is refunded.
-            self.release(f"Worker error: {error!r}"[:500], refund=is_out_of_memory(error))
+            # Out of memory, a database or broker error: not the lines' doing (budget.py).
+            lost = budget.is_infrastructure(error)
+            self.release(f"Worker error: {error!r}"[:500], lost=lost)
         else:
             # Claimed but never finished (the engine stopped pulling early): not tried, so
             # back to the queue now rather than after the lease runs out.
             self.release(None, refund=True)
 
-    def release(self, reason: str | None, *, refund: bool = False) -> None:
-        """Give the rows this lease still holds back to the queue."""
+    def release(self, reason: str | None, *, refund: bool = False, lost: bool = False) -> None:
+        """Give the rows this lease still holds back to the queue (`lost`: the run was lost
+        to the infrastructure, counted apart from the lines' own attempts)."""
         values: dict[str, object] = {
             "state": "queued",
             "lease_token": None,
             "lease_expires_at": None,
             "attempts": BatchRequest.attempts - (1 if refund else 0),
         }
+        if lost:
+            values.update(budget.LOST_RUN)
         if reason is not None:
             values["error"] = orjson.dumps(
                 {"message": reason, "type": "server_error", "param": None, "code": "server_error"}

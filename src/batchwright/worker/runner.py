@@ -12,12 +12,13 @@ import orjson
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from batchwright.batches import lifecycle
-from batchwright.config import get_settings
+from batchwright.batches import lifecycle, redrive
+from batchwright.config import Settings, get_settings
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.db.session import session_scope
 from batchwright.engine.types import GenResult
 from batchwright.registry import ModelSpec, Registry, load_registry
+from batchwright.worker import budget
 from batchwright.worker.claims import Lease, is_out_of_memory
 from batchwright.worker.dispatch import FINALIZE, PROCESS, VALIDATE, get_dispatcher
 from batchwright.worker.results import write_results
@@ -47,17 +48,26 @@ def engine_for(spec: ModelSpec) -> Engine:
 
 def validate_batch(batch_id: str, registry: Registry | None = None) -> None:
     settings = get_settings()
-    with session_scope() as session:
-        batch = lifecycle.lock(session, batch_id)
-        if batch is not None:
-            lifecycle.validate(session, batch, registry or load_registry(settings), settings)
+
+    def run() -> None:
+        with session_scope() as session:
+            batch = lifecycle.lock(session, batch_id)
+            if batch is not None:
+                lifecycle.validate(session, batch, registry or load_registry(settings), settings)
+
+    redrive.guarded("validation", batch_id, settings, run)
 
 
 def finalize_batch(batch_id: str) -> None:
-    with session_scope() as session:
-        batch = lifecycle.lock(session, batch_id)
-        if batch is not None:
-            lifecycle.finalize(session, batch, get_settings())
+    settings = get_settings()
+
+    def run() -> None:
+        with session_scope() as session:
+            batch = lifecycle.lock(session, batch_id)
+            if batch is not None:
+                lifecycle.finalize(session, batch, settings)
+
+    redrive.guarded("finalization", batch_id, settings, run)
 
 
 def process(
@@ -74,9 +84,10 @@ def process(
     landed = 0
     try:
         with Lease(model, settings, SHUTDOWN) as lease:
+            lease.cancels.on_batch = finalize_batch
             buffer: list[GenResult] = []
             last = time.monotonic()
-            for result in engine.run(lease.requests()):
+            for result in engine.run(lease.requests(), cancelled=lease.cancelled):
                 buffer.append(result)
                 if len(buffer) >= FLUSH_EVERY or time.monotonic() - last >= FLUSH_SECONDS:
                     landed += _flush(lease.token, buffer)
@@ -103,9 +114,9 @@ def _flush(token: str, buffer: list[GenResult]) -> int:
         return write_results(session, token, buffer)
 
 
-def _fail_exhausted(session: Session, max_attempts: int) -> int:
-    """Lines out of attempts go to the error file with their last error."""
-    exhausted = (BatchRequest.state == "queued", BatchRequest.attempts >= max_attempts)
+def _fail_exhausted(session: Session, settings: Settings) -> int:
+    """Lines out of either budget go to the error file with their last error."""
+    exhausted = (BatchRequest.state == "queued", budget.exhausted(settings))
     failed = 0
     for batch_id in session.scalars(select(BatchRequest.batch_id).where(*exhausted).distinct()):
         # The batch first, then its lines: the lock order finalize and result writes use.
@@ -121,14 +132,7 @@ def _fail_exhausted(session: Session, max_attempts: int) -> int:
         for row in rows:
             reason = orjson.loads(row.error)["message"] if row.error else "unknown error"
             row.state, row.status_code = "failed", 500
-            row.error = orjson.dumps(
-                {
-                    "message": f"Failed after {row.attempts} attempts. Last error: {reason}",
-                    "type": "server_error",
-                    "param": None,
-                    "code": "max_attempts_exceeded",
-                }
-            ).decode()
+            row.error = orjson.dumps(budget.final_error(row, reason, settings)).decode()
         session.execute(
             update(Batch).where(Batch.id == batch_id).values(failed=Batch.failed + len(rows))
         )
@@ -146,12 +150,13 @@ def sweep() -> dict[str, int]:
         stats["requeued"] = session.execute(
             update(BatchRequest)
             .where(BatchRequest.state == "running", BatchRequest.lease_expires_at < now)
-            .values(state="queued", lease_token=None, lease_expires_at=None)
+            # A lease that ran out: its worker died or lost touch; not the lines' doing.
+            .values(state="queued", lease_token=None, lease_expires_at=None, **budget.LOST_RUN)
         ).rowcount  # type: ignore[attr-defined]
     # A transaction of its own: holding those line locks while waiting for a batch lock
     # below would invert finalize's order (batch, then lines).
     with session_scope() as session:
-        stats["exhausted"] = _fail_exhausted(session, settings.max_attempts)
+        stats["exhausted"] = _fail_exhausted(session, settings)
         pending = (
             select(BatchRequest.id)
             .where(

@@ -1,0 +1,102 @@
+"""A line's two budgets: its own attempts, and runs the infrastructure lost.
+
+A claim charges one attempt up front (a worker may die before it can say why). When the
+run is lost to something that is not the line's doing (its worker died or lost the
+lease, the database or broker failed, the device ran out of memory) the attempt is
+refunded and `infra_failures` counts the loss instead, so innocent lines never use up
+their attempts on other people's faults. Both budgets end in a run alone: a line fails
+for good only after failing while it was the only line in its run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, or_
+
+from batchwright.config import Settings
+from batchwright.db.models import BatchRequest
+
+# Own attempts before a line runs alone: a run that failed twice with this line in it may
+# have failed because of it, so it cannot use up the attempts of lines that shared it.
+SOLO_AFTER = 2
+# Lost runs before a line runs alone: a line that keeps its worker dying is isolated the
+# same way. Higher, as an innocent line can be in flight when several workers die.
+INFRA_SOLO_AFTER = 4
+
+# Values for rows given back after a lost run: the attempt the claim took is refunded.
+LOST_RUN: dict[str, Any] = {
+    "attempts": BatchRequest.attempts - 1,
+    "infra_failures": BatchRequest.infra_failures + 1,
+}
+
+_INFRA_NAMES = frozenset(
+    {
+        "OutOfMemoryError",  # torch.cuda.OutOfMemoryError, matched by name: no torch here
+        "OperationalError",  # sqlalchemy, psycopg, kombu
+        "InterfaceError",
+        "ConnectionError",  # redis, kombu, builtins
+        "TimeoutError",
+        "BrokenPipeError",
+        "ConnectionResetError",
+    }
+)
+
+
+def is_out_of_memory(exc: BaseException | None) -> bool:
+    return type(exc).__name__ == "OutOfMemoryError"
+
+
+def is_infrastructure(exc: BaseException | None) -> bool:
+    """Whether a run's failure is the infrastructure's, not the lines'."""
+    while exc is not None:
+        if any(t.__name__ in _INFRA_NAMES for t in type(exc).__mro__):
+            return True
+        exc = exc.__cause__  # sqlalchemy wraps the driver's error
+    return False
+
+
+def batched(settings: Settings) -> ColumnElement[bool]:
+    """Lines that may share a run."""
+    return and_(
+        BatchRequest.attempts < min(SOLO_AFTER, settings.max_attempts),
+        BatchRequest.infra_failures < min(INFRA_SOLO_AFTER, settings.max_infra_failures),
+    )
+
+
+def suspect(settings: Settings) -> ColumnElement[bool]:
+    """Lines that run alone: under both budgets, past one of the solo thresholds."""
+    return and_(
+        BatchRequest.attempts < settings.max_attempts,
+        BatchRequest.infra_failures < settings.max_infra_failures,
+        or_(
+            BatchRequest.attempts >= SOLO_AFTER,
+            BatchRequest.infra_failures >= INFRA_SOLO_AFTER,
+        ),
+    )
+
+
+def exhausted(settings: Settings) -> ColumnElement[bool]:
+    return or_(
+        BatchRequest.attempts >= settings.max_attempts,
+        BatchRequest.infra_failures >= settings.max_infra_failures,
+    )
+
+
+def final_error(row: BatchRequest, reason: str, settings: Settings) -> dict[str, Any]:
+    """The error a line out of budget ends with."""
+    if row.attempts >= settings.max_attempts:
+        message = f"Failed after {row.attempts} attempts, the last ones alone."
+        code = "max_attempts_exceeded"
+    else:
+        message = (
+            f"Its runs were lost {row.infra_failures} times (worker deaths, lost leases, "
+            "database or broker errors, out of memory), the last ones with this line alone."
+        )
+        code = "infrastructure_failures_exceeded"
+    return {
+        "message": f"{message} Last error: {reason}",
+        "type": "server_error",
+        "param": None,
+        "code": code,
+    }
