@@ -47,6 +47,20 @@ class Settings(BaseSettings):
     work_slice_seconds: float = 60.0
     sweep_interval_seconds: float = 15.0
 
+    # Shared service (routing, heartbeats, fair share, metrics); see worker/routing.py.
+    # Models this worker serves, comma-separated; empty: every model in the registry.
+    worker_models: str = ""
+    # A worker that only takes control work (validate, finalize, sweep): never imports torch.
+    worker_control_only: bool = False
+    # How often a worker records its heartbeat; it counts as live for three intervals.
+    heartbeat_seconds: float = 5.0
+    # Results waiting for the writer thread, in results; the generation loop blocks past it.
+    result_queue_size: int = 256
+    # Port of a worker's Prometheus endpoint; 0: none.
+    worker_metrics_port: int = 0
+    # Default weight of a project in the fair share of a model (per project: `projects set`).
+    default_project_weight: float = 1.0
+
     @property
     def embedded(self) -> bool:
         return not self.broker_url

@@ -18,7 +18,8 @@ from batchwright.config import Settings
 from batchwright.db.base import now
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.registry import Registry
-from batchwright.worker.dispatch import FINALIZE, PROCESS, enqueue
+from batchwright.worker import routing
+from batchwright.worker.dispatch import FINALIZE, enqueue
 
 TERMINAL = {"completed", "failed", "cancelled", "expired"}
 UNFINISHED = ("queued", "running")
@@ -50,7 +51,7 @@ def validate(session: Session, batch: Batch, registry: Registry, settings: Setti
     if outcome.rejected == outcome.total:
         enqueue(session, FINALIZE, batch.id)
     else:
-        enqueue(session, PROCESS, batch.model)
+        routing.wake(session, str(batch.model))
 
 
 def start_cancel(session: Session, batch: Batch) -> None:
