@@ -12,7 +12,7 @@ import time
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from batchwright.batches import output
+from batchwright.batches import output, quotas
 from batchwright.batches.validation import scan_input
 from batchwright.config import Settings
 from batchwright.db.base import now
@@ -40,6 +40,8 @@ def validate(session: Session, batch: Batch, registry: Registry, settings: Setti
         finish(session, batch, "expired", settings)
         return
     outcome = scan_input(session, batch, registry, settings)
+    if not outcome.errors:
+        quotas.enforce(session, batch, outcome)
     touch(batch)
     batch.model = outcome.model
     if outcome.errors:

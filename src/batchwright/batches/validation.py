@@ -13,6 +13,7 @@ import orjson
 from sqlalchemy import delete, insert
 from sqlalchemy.orm import Session
 
+from batchwright.batches.quotas import TokenCounter
 from batchwright.config import Settings
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.files.storage import iter_lines
@@ -41,6 +42,7 @@ class Outcome:
     total: int = 0
     rejected: int = 0
     model: str | None = None
+    tokens: int = 0  # enqueued tokens (batches/quotas.py)
 
 
 class _Rows:
@@ -100,6 +102,7 @@ def scan_input(session: Session, batch: Batch, registry: Registry, settings: Set
     out = Outcome()
     rows = _Rows(session, batch.id)
     seen: set[str] = set()
+    counter: TokenCounter | None = None
 
     def fail(error: LineError) -> bool:
         out.errors.append(error)
@@ -177,7 +180,10 @@ def scan_input(session: Session, batch: Batch, registry: Registry, settings: Set
             continue
         if out.errors:
             continue  # the batch fails anyway: keep scanning for errors, store nothing
-        _, body_error = check_completion_body(body)
+        request, body_error = check_completion_body(body)
+        if request is not None:
+            counter = counter or TokenCounter(registry, out.model)
+            out.tokens += counter.line(request)
         row: dict[str, Any] = {
             "line_no": line_no,
             "custom_id": custom_id,

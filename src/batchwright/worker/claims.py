@@ -15,7 +15,7 @@ from batchwright.config import Settings
 from batchwright.db.models import BatchRequest
 from batchwright.db.session import session_scope
 from batchwright.engine.types import GenRequest
-from batchwright.worker import fairshare
+from batchwright.worker import fairshare, metrics
 
 # A line that was in flight when runs failed twice may be what fails them: from then on it
 # runs alone, so it cannot use up the attempts of the lines that happened to share its run.
@@ -107,6 +107,7 @@ class Lease:
         while not self._heartbeat_stop.wait(interval):
             try:
                 self._renew()
+                metrics.LEASE_RENEWALS.inc()
             except Exception:  # a dropped connection: the next beat retries
                 continue
 

@@ -71,6 +71,15 @@ def capacity(session: Session, settings: Settings | None = None) -> dict[str, in
     return counts
 
 
+def model_capacity(settings: Settings) -> dict[str, int]:
+    """Live workers for every model of the registry (0 where none)."""
+    from batchwright.registry import load_registry
+
+    with session_scope() as session:
+        counts = capacity(session, settings)
+    return {name: counts.get(name, 0) for name in load_registry(settings).names}
+
+
 def live_workers(session: Session, model: str, *, idle_only: bool = False) -> int:
     return sum(
         1

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import task_retry, worker_ready, worker_shutdown
 
 from batchwright.config import get_settings
+from batchwright.worker import metrics
 from batchwright.worker.heartbeat import Heartbeat
 from batchwright.worker.routing import served_models
 
@@ -32,5 +33,10 @@ def _stop(**_: Any) -> None:
         _heartbeat.stop()
 
 
+def _retried(sender: Any = None, **_: Any) -> None:
+    metrics.RETRIES.labels(getattr(sender, "name", "unknown")).inc()
+
+
 worker_ready.connect(_start, weak=False)
 worker_shutdown.connect(_stop, weak=False)
+task_retry.connect(_retried, weak=False)
