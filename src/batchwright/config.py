@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -60,6 +60,12 @@ class Settings(BaseSettings):
     worker_metrics_port: int = 0
     # Default weight of a project in the fair share of a model (per project: `projects set`).
     default_project_weight: float = 1.0
+
+    @field_validator("models_file", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        # Compose passes `${BATCHWRIGHT_MODELS_FILE:-}` through as "" when it is not set.
+        return None if value == "" else value
 
     @property
     def embedded(self) -> bool:
