@@ -18,6 +18,10 @@ class Settings(BaseSettings):
 
     # Empty database URL means the embedded default: SQLite under `home`.
     database_url: str = ""
+    # Connections per process (SQLAlchemy pool). A worker uses up to three at once (claims,
+    # result writes, lease renewals); see docs/scaling.md before raising it.
+    database_pool_size: int = 5
+    database_max_overflow: int = 5
     # Empty broker URL means no Celery: work runs in-process (embedded default).
     broker_url: str = ""
     # The Celery queue; deployments (or test runs) sharing one Redis use different names.
