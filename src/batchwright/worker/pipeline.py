@@ -176,7 +176,9 @@ class ResultWriter:
 
 def generate(engine: Any, lease: Any, model: str, settings: Any) -> int:
     """Run `engine` on the lease's lines; returns how many results landed."""
-    feed = ReadAhead(lease.requests(), model, settings.claim_batch_size)
+    # A quarter of a claim queued ahead hides a claim's latency; more would only hold lines
+    # back from the fair share (a new project's lines queue behind what is claimed).
+    feed = ReadAhead(lease.requests(), model, max(1, settings.claim_batch_size // 4))
     writer = ResultWriter(lease.token, model, settings.result_queue_size, settings.lease_seconds)
     try:
         with writer:
