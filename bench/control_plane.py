@@ -5,7 +5,9 @@ read-ahead, the writer thread, lease rules), not generation.
 Each worker is a thread running the real runner.process -> Lease -> pipeline path with its
 own lease; they drain one model's queue of LINES lines spread over 4 projects. Printed per
 N: lines/s, SQL statements and transactions per line (a transaction adds BEGIN and COMMIT
-round trips), and round trips per line = statements + 2 x transactions + pool pings.
+round trips), and round trips per line = statements + 2 x transactions + pool pings. The
+simulated workers share one pool of at most --connections server connections (a worker holds up to three:
+claims, result writes, lease renewals), as they would behind PgBouncer.
 Threads share one Python process (the GIL): at high N the client side on this machine,
 not Postgres, may be the limit; Postgres's own CPU share is printed to tell which.
 
@@ -93,7 +95,7 @@ def pg_cpu_seconds() -> float:
     return total / hz
 
 
-def run(n: int, lines: int) -> dict[str, float]:
+def run(n: int, lines: int, max_connections: int) -> dict[str, float]:
     from sqlalchemy import func, select
 
     from batchwright.db.models import BatchRequest
@@ -101,7 +103,10 @@ def run(n: int, lines: int) -> dict[str, float]:
     from batchwright.registry import ModelSpec, Registry
     from batchwright.worker import runner
 
-    pool = str(max(5, 3 * n))
+    # One pool shared by every simulated worker, as a PgBouncer in front of Postgres would
+    # be: at most `max_connections` server connections (this Postgres allows 100, shared
+    # with other users), threads wait for one when all are busy.
+    pool = str(min(3 * n, max_connections))
     with temp_database(
         work_slice_seconds="3600", database_pool_size=pool, database_max_overflow="0"
     ):
@@ -155,15 +160,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workers", default="1,4,16,64")
     parser.add_argument("--lines", type=int, default=8000)
+    parser.add_argument("--connections", type=int, default=24, help="server connections")
     args = parser.parse_args()
-    print(f"{args.lines} lines over 4 projects, claim size 64, instant engine stub")
+    print(
+        f"{args.lines} lines over 4 projects, claim size 64, instant engine stub, "
+        f"at most {args.connections} connections"
+    )
     print(
         "| workers | lines/s | statements/line | transactions/line | round trips/line "
         "| Postgres CPU (cores) |"
     )
     print("|---:|---:|---:|---:|---:|---:|")
     for n in (int(x) for x in args.workers.split(",")):
-        r = run(n, args.lines)
+        r = run(n, args.lines, args.connections)
         print(
             f"| {n} | {r['lines_per_s']:.0f} | {r['statements']:.3f} | {r['transactions']:.3f} "
             f"| {r['round_trips']:.3f} | {r['pg_cpu_share']:.2f} |",
