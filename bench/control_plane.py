@@ -6,8 +6,8 @@ Each worker is a thread running the real runner.process -> Lease -> pipeline pat
 own lease; they drain one model's queue of LINES lines spread over 4 projects. Printed per
 N: lines/s, SQL statements and transactions per line (a transaction adds BEGIN and COMMIT
 round trips), and round trips per line = statements + 2 x transactions + pool pings. The
-simulated workers share one pool of at most --connections server connections (a worker holds up to three:
-claims, result writes, lease renewals), as they would behind PgBouncer.
+simulated workers share one pool of at most --connections server connections (a worker
+holds up to three: claims, result writes, lease renewals), as they would behind PgBouncer.
 Threads share one Python process (the GIL): at high N the client side on this machine,
 not Postgres, may be the limit; Postgres's own CPU share is printed to tell which.
 
