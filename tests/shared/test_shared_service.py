@@ -89,6 +89,7 @@ def test_two_models_two_workers_two_projects(svc: Service, no_torch: str) -> Non
     # after A's every line. With fair share B's 20 lines wait at most for what the worker
     # already holds (claims read ahead plus the engine's window, about 3 x 16 rows) and then
     # take half the rows; A finishes at most 150 lines meanwhile (B alone: 20 lines).
+    print(f"fair share: A finished {a_at_finish - a_at_submit} lines while B's {B_LINES} ran")
     assert a_at_finish - a_at_submit <= 150, (a_at_submit, a_at_finish)
     assert a_at_finish < A_LINES
 
