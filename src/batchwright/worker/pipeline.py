@@ -174,15 +174,19 @@ class ResultWriter:
             metrics.LEASE_EXPIRIES.inc(len(buffer) - landed)
 
 
-def generate(engine: Any, lease: Any, model: str, settings: Any) -> int:
-    """Run `engine` on the lease's lines; returns how many results landed."""
+def generate(
+    engine: Any, lease: Any, model: str, settings: Any, cancelled: Any | None = None
+) -> int:
+    """Run `engine` on the lease's lines; returns how many results landed. `cancelled`:
+    the engine's cancel hook (Engine.run(requests, cancelled=...)), passed through."""
     # A quarter of a claim queued ahead hides a claim's latency; more would only hold lines
     # back from the fair share (a new project's lines queue behind what is claimed).
     feed = ReadAhead(lease.requests(), model, max(1, settings.claim_batch_size // 4))
     writer = ResultWriter(lease.token, model, settings.result_queue_size, settings.lease_seconds)
     try:
         with writer:
-            for result in engine.run(feed):
+            hook = {} if cancelled is None else {"cancelled": cancelled}
+            for result in engine.run(feed, **hook):
                 writer.put(result)
     finally:
         feed.close()
