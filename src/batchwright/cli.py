@@ -13,13 +13,26 @@ from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from batchwright.errors import NotFound
+from batchwright.projects_cli import projects
 
 app = typer.Typer(help="Self-hosted, OpenAI-compatible batch inference.", no_args_is_help=True)
 keys = typer.Typer(help="Create and revoke API keys.", no_args_is_help=True)
 db = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(keys, name="keys")
 app.add_typer(db, name="db")
+app.add_typer(projects, name="projects")
 console = Console()
+
+
+def _check_registry() -> None:
+    """A missing or broken models file: one line naming it and the problem, exit 2."""
+    from batchwright.registry import RegistryError, load_registry
+
+    try:
+        load_registry()
+    except RegistryError as exc:
+        Console(stderr=True).print(f"error: {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -60,6 +73,7 @@ def serve(
     """Run the HTTP API (needs BATCHWRIGHT_DATABASE_URL and BATCHWRIGHT_BROKER_URL)."""
     import uvicorn
 
+    _check_registry()
     uvicorn.run(
         "batchwright.api.app:create_app", factory=True, host=host, port=port, workers=workers
     )
@@ -69,9 +83,29 @@ def serve(
 def worker(
     beat: Annotated[bool, typer.Option(help="Also run the periodic sweeper here.")] = False,
     loglevel: Annotated[str, typer.Option()] = "INFO",
+    models: Annotated[
+        str | None,
+        typer.Option(help="Models to serve, comma-separated (default: all in the registry)."),
+    ] = None,
+    control_only: Annotated[
+        bool, typer.Option(help="Only control work (validate, finalize, sweep); no torch.")
+    ] = False,
 ) -> None:
-    """Run a Celery GPU worker: one process, model loaded once, solo pool."""
+    """Run a Celery worker: one process, each of its models loaded once, solo pool."""
     from batchwright.config import get_settings
+    from batchwright.worker.routing import worker_queues
+
+    if models is not None:
+        os.environ["BATCHWRIGHT_WORKER_MODELS"] = models
+    if control_only:
+        os.environ["BATCHWRIGHT_WORKER_CONTROL_ONLY"] = "true"
+    get_settings.cache_clear()
+    _check_registry()
+    try:
+        queues = worker_queues()
+    except ValueError as exc:
+        Console(stderr=True).print(f"error: {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     from batchwright.worker.celery_app import celery_app
 
     argv = [
@@ -79,7 +113,7 @@ def worker(
         "-P",
         "solo",
         "-Q",
-        get_settings().queue,
+        ",".join(queues),
         f"--loglevel={loglevel}",
         "--without-gossip",
         "--without-mingle",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -18,6 +18,10 @@ class Settings(BaseSettings):
 
     # Empty database URL means the embedded default: SQLite under `home`.
     database_url: str = ""
+    # Connections per process (SQLAlchemy pool). A worker uses up to three at once (claims,
+    # result writes, lease renewals); see docs/scaling.md before raising it.
+    database_pool_size: int = 5
+    database_max_overflow: int = 5
     # Empty broker URL means no Celery: work runs in-process (embedded default).
     broker_url: str = ""
     # The Celery queue; deployments (or test runs) sharing one Redis use different names.
@@ -55,6 +59,26 @@ class Settings(BaseSettings):
     sweep_interval_seconds: float = 15.0
     # How often a worker looks for cancelled batches among the lines it holds.
     cancel_poll_seconds: float = 2.0
+
+    # Shared service (routing, heartbeats, fair share, metrics); see worker/routing.py.
+    # Models this worker serves, comma-separated; empty: every model in the registry.
+    worker_models: str = ""
+    # A worker that only takes control work (validate, finalize, sweep): never imports torch.
+    worker_control_only: bool = False
+    # How often a worker records its heartbeat; it counts as live for three intervals.
+    heartbeat_seconds: float = 5.0
+    # Results waiting for the writer thread, in results; the generation loop blocks past it.
+    result_queue_size: int = 256
+    # Port of a worker's Prometheus endpoint; 0: none.
+    worker_metrics_port: int = 0
+    # Default weight of a project in the fair share of a model (per project: `projects set`).
+    default_project_weight: float = 1.0
+
+    @field_validator("models_file", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        # Compose passes `${BATCHWRIGHT_MODELS_FILE:-}` through as "" when it is not set.
+        return None if value == "" else value
 
     @property
     def embedded(self) -> bool:

@@ -11,7 +11,7 @@ import json
 import tomllib
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from batchwright.config import Settings, get_settings
 
@@ -49,15 +49,30 @@ def _demo_spec(settings: Settings) -> ModelSpec:
     return ModelSpec(name=DEMO_MODEL, path=settings.home / "models" / DEMO_MODEL)
 
 
+class RegistryError(ValueError):
+    """The registry cannot be read; the message is one line naming the source and why."""
+
+
 def _parse(raw: dict[str, object], settings: Settings) -> Registry:
     entries = raw.get("models", raw)
     if not isinstance(entries, dict):
-        raise ValueError("model registry: expected a table of models")
+        raise ValueError("expected a [models] table")
     models: dict[str, ModelSpec] = {}
     for name, spec in entries.items():
-        if not isinstance(spec, dict):
-            raise ValueError(f"model registry: entry {name!r} must be a table")
-        models[name] = ModelSpec(name=name, **spec)
+        if not isinstance(spec, dict) or "path" not in spec:
+            # `[models.qwen2.5-0.5b]` unquoted makes nested tables: no path at this level.
+            raise ValueError(
+                f"entry {name!r} has no 'path' (a name with dots needs quotes: "
+                '[models."qwen2.5-0.5b"])'
+                if isinstance(spec, dict)
+                else f"entry {name!r} must be a table"
+            )
+        try:
+            models[name] = ModelSpec(name=name, **spec)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ()))
+            raise ValueError(f"entry {name!r}: {where}: {first['msg']}") from None
     if DEMO_MODEL not in models:
         models[DEMO_MODEL] = _demo_spec(settings)
     return Registry(models=models)
@@ -66,10 +81,21 @@ def _parse(raw: dict[str, object], settings: Settings) -> Registry:
 def load_registry(settings: Settings | None = None) -> Registry:
     settings = settings or get_settings()
     if settings.models:
-        return _parse(json.loads(settings.models), settings)
+        source = "BATCHWRIGHT_MODELS"
+        try:
+            return _parse(json.loads(settings.models), settings)
+        except ValueError as exc:  # JSONDecodeError is one
+            raise RegistryError(f"model registry {source}: {exc}") from None
     if settings.models_file:
-        text = settings.models_file.read_text()
-        if settings.models_file.suffix == ".json":
-            return _parse(json.loads(text), settings)
-        return _parse(tomllib.loads(text), settings)
+        path = settings.models_file
+        try:
+            text = path.read_text()
+            raw = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+            return _parse(raw, settings)
+        except FileNotFoundError:
+            raise RegistryError(f"model registry {path}: file not found") from None
+        except OSError as exc:
+            raise RegistryError(f"model registry {path}: {exc.strerror or exc}") from None
+        except ValueError as exc:  # TOMLDecodeError and JSONDecodeError are ValueErrors
+            raise RegistryError(f"model registry {path}: {exc}") from None
     return Registry(models={DEMO_MODEL: _demo_spec(settings)})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from batchwright.api import errors, health
+from batchwright.api import errors, health, metrics
 from batchwright.api.guards import RejectNulInURL
 from batchwright.batches.endpoints import router as batches_router
 from batchwright.files.endpoints import router as files_router
@@ -16,6 +16,7 @@ def create_app() -> FastAPI:
     errors.install(app)
     app.add_middleware(RejectNulInURL)
     app.include_router(health.router)
+    metrics.install(app)
     app.include_router(files_router)
     app.include_router(batches_router)
     set_dispatcher(CeleryDispatcher())

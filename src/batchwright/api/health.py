@@ -10,6 +10,7 @@ from batchwright.api.deps import ProjectDep, SettingsDep
 from batchwright.db.session import get_engine
 from batchwright.protocol.batches import ListObject, Model
 from batchwright.registry import load_registry
+from batchwright.worker.heartbeat import model_capacity
 
 router = APIRouter()
 
@@ -37,12 +38,14 @@ def ready(settings: SettingsDep) -> ORJSONResponse:
         except Exception as exc:
             checks["broker"] = f"unreachable: {type(exc).__name__}"
     ok = all(v == "ok" for v in checks.values())
-    return ORJSONResponse(
-        {"status": "ok" if ok else "unavailable", **checks}, status_code=200 if ok else 503
-    )
+    body: dict[str, object] = {"status": "ok" if ok else "unavailable", **checks}
+    if checks["database"] == "ok" and settings.broker_url:
+        body["models"] = model_capacity(settings)  # live workers per model
+    return ORJSONResponse(body, status_code=200 if ok else 503)
 
 
 @router.get("/v1/models", tags=["models"])
 def list_models(_: ProjectDep, settings: SettingsDep) -> ListObject[Model]:
-    data = [Model(id=name) for name in load_registry(settings).names]
+    live = model_capacity(settings) if settings.broker_url else {}
+    data = [Model(id=name, live_workers=live.get(name)) for name in load_registry(settings).names]
     return ListObject[Model](data=data, first_id=data[0].id, last_id=data[-1].id)

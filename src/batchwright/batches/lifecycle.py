@@ -12,13 +12,14 @@ import time
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from batchwright.batches import output
+from batchwright.batches import output, quotas
 from batchwright.batches.validation import scan_input
 from batchwright.config import Settings
 from batchwright.db.base import now
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.registry import Registry
-from batchwright.worker.dispatch import FINALIZE, PROCESS, enqueue
+from batchwright.worker import routing
+from batchwright.worker.dispatch import FINALIZE, enqueue
 
 TERMINAL = {"completed", "failed", "cancelled", "expired"}
 UNFINISHED = ("queued", "running")
@@ -39,6 +40,8 @@ def validate(session: Session, batch: Batch, registry: Registry, settings: Setti
         finish(session, batch, "expired", settings)
         return
     outcome = scan_input(session, batch, registry, settings)
+    if not outcome.errors:
+        quotas.enforce(session, batch, outcome)
     touch(batch)
     batch.model = outcome.model
     if outcome.errors:
@@ -50,7 +53,7 @@ def validate(session: Session, batch: Batch, registry: Registry, settings: Setti
     if outcome.rejected == outcome.total:
         enqueue(session, FINALIZE, batch.id)
     else:
-        enqueue(session, PROCESS, batch.model)
+        routing.wake(session, str(batch.model))
 
 
 def start_cancel(session: Session, batch: Batch) -> None:

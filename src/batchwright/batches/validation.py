@@ -13,10 +13,11 @@ import orjson
 from sqlalchemy import delete, insert
 from sqlalchemy.orm import Session
 
+from batchwright.batches.quotas import TokenCounter
 from batchwright.config import Settings
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.files.storage import iter_lines
-from batchwright.protocol.completions import check_completion_body
+from batchwright.protocol.completions import CompletionRequest, check_completion_body
 from batchwright.registry import Registry
 
 MAX_REPORTED_ERRORS = 100
@@ -41,6 +42,7 @@ class Outcome:
     total: int = 0
     rejected: int = 0
     model: str | None = None
+    tokens: int = 0  # enqueued tokens (batches/quotas.py)
 
 
 class _Rows:
@@ -98,18 +100,20 @@ def _parse_line(raw: bytes, line_no: int) -> tuple[dict[str, Any] | None, LineEr
 
 def _body_row(
     line_no: int, custom_id: str, body: dict[str, Any], settings: Settings
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], CompletionRequest | None]:
     """The request row for a line: queued, or failed with the 400 the model would give.
 
     Whatever a body makes the checks raise is that line's 400, never the batch's problem:
     an exception here would leave the whole batch validating while it is re-driven."""
     row: dict[str, Any] = {"line_no": line_no, "custom_id": custom_id, "state": "queued"}
+    request: CompletionRequest | None = None
     try:
-        _, error = check_completion_body(body, settings.max_sequences_per_line)
+        request, error = check_completion_body(body, settings.max_sequences_per_line)
         row["body"] = orjson.dumps(body).decode()
     except Exception as exc:
         # orjson stores at most 254 levels of nesting; RecursionError and the like too.
         row["body"] = "{}"
+        request = None
         deep = isinstance(exc, RecursionError) or "ecursion" in str(exc)
         why = "it nests deeper than 254 levels" if deep else f"{type(exc).__name__}: {exc}"
         error = {
@@ -120,13 +124,14 @@ def _body_row(
         }
     if error is not None:
         row.update(state="failed", status_code=400, error=orjson.dumps(error).decode())
-    return row
+    return row, request
 
 
 def scan_input(session: Session, batch: Batch, registry: Registry, settings: Settings) -> Outcome:
     out = Outcome()
     rows = _Rows(session, batch.id)
     seen: set[str] = set()
+    counter: TokenCounter | None = None
 
     def fail(error: LineError) -> bool:
         out.errors.append(error)
@@ -204,7 +209,10 @@ def scan_input(session: Session, batch: Batch, registry: Registry, settings: Set
             continue
         if out.errors:
             continue  # the batch fails anyway: keep scanning for errors, store nothing
-        row = _body_row(line_no, custom_id, body, settings)
+        row, request = _body_row(line_no, custom_id, body, settings)
+        if request is not None and row["state"] == "queued":
+            counter = counter or TokenCounter(registry, out.model)
+            out.tokens += counter.line(request)
         if row["state"] == "failed":
             out.rejected += 1
         rows.add(**row)

@@ -15,6 +15,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -30,6 +31,11 @@ class Project(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[int] = mapped_column(BigInteger)
+    # Share of a model's capacity relative to other projects (worker/fairshare.py); None:
+    # the default weight. Quotas (batches/quotas.py); None: no limit.
+    weight: Mapped[float | None] = mapped_column(Float)
+    max_enqueued_lines: Mapped[int | None] = mapped_column(BigInteger)
+    max_enqueued_tokens: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class APIKey(Base):
@@ -106,6 +112,8 @@ class Batch(Base):
     updated_at: Mapped[float] = mapped_column(Float)
     # Runs of validate/finalize that raised: bounded by max_batch_failures (batches/redrive.py).
     failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Prompt tokens plus max_tokens of its lines, counted at validation for the quota.
+    enqueued_tokens: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class BatchRequest(Base):
@@ -117,6 +125,12 @@ class BatchRequest(Base):
         UniqueConstraint("batch_id", "line_no", name="uq_batch_requests_line_no"),
         Index("ix_batch_requests_claim", "state", "batch_id", "line_no"),
         Index("ix_batch_requests_lease", "lease_token"),
+        Index(
+            "ix_batch_requests_running",
+            "batch_id",
+            postgresql_where=text("state = 'running'"),
+            sqlite_where=text("state = 'running'"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
@@ -157,3 +171,23 @@ class Completion(Base):
     completion_tokens: Mapped[int] = mapped_column(Integer)
     total_tokens: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class WorkerHeartbeat(Base):
+    """A live worker process: what it serves and how busy it is (worker/heartbeat.py)."""
+
+    __tablename__ = "worker_heartbeats"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)  # host:pid
+    host: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column(Integer)
+    # Comma-separated model names it takes work for ("" for a control-only worker), and
+    # those it has loaded so far.
+    models: Mapped[str] = mapped_column(Text)
+    loaded: Mapped[str] = mapped_column(Text, default="")
+    control: Mapped[bool] = mapped_column(default=True)
+    rows_in_flight: Mapped[int] = mapped_column(Integer, default=0)
+    tokens_per_second: Mapped[float] = mapped_column(Float, default=0.0)
+    lines_completed: Mapped[int] = mapped_column(BigInteger, default=0)
+    started_at: Mapped[float] = mapped_column(Float)
+    last_seen: Mapped[float] = mapped_column(Float, index=True)

@@ -39,7 +39,13 @@ def get_engine(url: str | None = None) -> Engine:
 
         return engine
     # pre_ping: a connection killed by pg_terminate_backend is replaced, not reused.
-    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+    settings = get_settings()
+    return create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_size=settings.database_pool_size,
+        max_overflow=settings.database_max_overflow,
+    )
 
 
 @lru_cache

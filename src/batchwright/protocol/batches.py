@@ -129,3 +129,5 @@ class Model(OpenAIBaseModel):
     object: Literal["model"] = "model"
     created: int = 0
     owned_by: str = "batchwright"
+    # Extension: workers with a live heartbeat serving this model (0: batches wait).
+    live_workers: int | None = None

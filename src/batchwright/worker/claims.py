@@ -9,13 +9,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
-from sqlalchemy import or_, select, update
+from sqlalchemy import select, update
 
 from batchwright.config import Settings
-from batchwright.db.models import Batch, BatchRequest
+from batchwright.db.models import BatchRequest
 from batchwright.db.session import session_scope
 from batchwright.engine.types import GenRequest
-from batchwright.worker import budget
+from batchwright.worker import budget, fairshare, metrics
 from batchwright.worker.budget import is_out_of_memory
 from batchwright.worker.cancels import CancelWatch
 
@@ -42,24 +42,7 @@ class Lease:
         now = time.time()
         tries = budget.suspect(self.settings) if suspects else budget.batched(self.settings)
         with session_scope() as session:
-            ids = list(
-                session.scalars(
-                    select(BatchRequest.id)
-                    .join(Batch, Batch.id == BatchRequest.batch_id)
-                    .where(
-                        BatchRequest.state == "queued",
-                        tries,
-                        Batch.status == "in_progress",
-                        Batch.model == self.model,
-                        # Past its window a batch gets no new work: its finalize (queued
-                        # behind this very task on a solo worker) expires what is left.
-                        or_(Batch.expires_at.is_(None), Batch.expires_at > now),
-                    )
-                    .order_by(Batch.created_at, BatchRequest.batch_id, BatchRequest.line_no)
-                    .limit(limit)
-                    .with_for_update(skip_locked=True, of=BatchRequest)
-                )
-            )
+            ids = fairshare.pick(session, self.model, limit, [tries])
             if not ids:
                 return []
             session.execute(
@@ -120,6 +103,7 @@ class Lease:
             try:
                 if time.monotonic() - renewed >= interval:
                     self._renew()
+                    metrics.LEASE_RENEWALS.inc()
                     renewed = time.monotonic()
                 self.cancels.poll()
             except Exception:  # a dropped connection: the next beat retries

@@ -26,8 +26,9 @@ class Dispatcher(Protocol):
 class CeleryDispatcher:
     def send(self, name: str, *args: Any) -> None:
         from batchwright.worker.celery_app import celery_app
+        from batchwright.worker.routing import queue_for
 
-        celery_app.send_task(name, args=list(args))
+        celery_app.send_task(name, args=list(args), queue=queue_for(name, args))
 
 
 class InlineDispatcher:

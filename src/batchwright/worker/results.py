@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import orjson
-from sqlalchemy import func, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
 from batchwright.db.base import now
@@ -15,60 +15,76 @@ from batchwright.worker.dispatch import FINALIZE, enqueue
 
 
 def write_results(session: Session, token: str, results: list[GenResult]) -> int:
-    """Store results; returns how many landed. A row whose lease moved on is skipped."""
-    deltas: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-    landed = 0
+    """Store results; returns how many landed. A row whose lease moved on is skipped.
+
+    A few statements per call whatever its size (the control plane's cost per line): the
+    rows this lease still holds are locked in one SELECT, then updated and their
+    completions inserted in bulk."""
     # Batch rows first, in id order: finalize locks a batch and then its lines, so taking
     # the locks in that same order here rules out a deadlock between the two.
     batch_ids = sorted({result.key[1] for result in results})
     session.execute(
         select(Batch.id).where(Batch.id.in_(batch_ids)).order_by(Batch.id).with_for_update()
     )
-    for result in results:
-        row_id, batch_id = result.key
-        ok = result.status_code == 200 and result.completion is not None
-        values: dict[str, object] = {
-            "state": "succeeded" if ok else "failed",
-            "status_code": result.status_code,
-            "lease_token": None,
-            "lease_expires_at": None,
-            "prompt_tokens": result.prompt_tokens if ok else 0,
-            "completion_tokens": result.completion_tokens if ok else 0,
-            "error": None if ok else orjson.dumps(result.error).decode(),
-        }
-        moved = session.execute(
-            update(BatchRequest)
+    # Locked until commit: a sweeper or cancel that wants them waits, then sees them done.
+    held = set(
+        session.scalars(
+            select(BatchRequest.id)
             .where(
-                BatchRequest.id == row_id,
+                BatchRequest.id.in_([result.key[0] for result in results]),
                 BatchRequest.state == "running",
                 BatchRequest.lease_token == token,
             )
-            .values(**values)
+            .order_by(BatchRequest.id)
+            .with_for_update()
         )
-        if moved.rowcount != 1:  # type: ignore[attr-defined]
+    )
+    deltas: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    updates: list[dict[str, object]] = []
+    completions: list[dict[str, object]] = []
+    for result in results:
+        row_id, batch_id = result.key
+        if row_id not in held:
             continue  # lease expired and the row was re-queued, cancelled or expired
-        landed += 1
+        held.discard(row_id)  # a result twice in one call lands once
+        ok = result.status_code == 200 and result.completion is not None
+        updates.append(
+            {
+                "id": row_id,
+                "state": "succeeded" if ok else "failed",
+                "status_code": result.status_code,
+                "lease_token": None,
+                "lease_expires_at": None,
+                "prompt_tokens": result.prompt_tokens if ok else 0,
+                "completion_tokens": result.completion_tokens if ok else 0,
+                "error": None if ok else orjson.dumps(result.error).decode(),
+            }
+        )
         delta = deltas[batch_id]
         if ok:
             assert result.completion is not None
-            session.add(
-                Completion(
-                    id=str(result.completion["id"]),
-                    request_row_id=row_id,
-                    batch_id=batch_id,
-                    model=str(result.completion.get("model", "")),
-                    body=orjson.dumps(result.completion).decode(),
-                    prompt_tokens=result.prompt_tokens,
-                    completion_tokens=result.completion_tokens,
-                    total_tokens=result.total_tokens,
-                    created_at=now(),
-                )
+            completions.append(
+                {
+                    "id": str(result.completion["id"]),
+                    "request_row_id": row_id,
+                    "batch_id": batch_id,
+                    "model": str(result.completion.get("model", "")),
+                    "body": orjson.dumps(result.completion).decode(),
+                    "prompt_tokens": result.prompt_tokens,
+                    "completion_tokens": result.completion_tokens,
+                    "total_tokens": result.total_tokens,
+                    "created_at": now(),
+                }
             )
             delta[0] += 1
             delta[2] += result.prompt_tokens
             delta[3] += result.completion_tokens
         else:
             delta[1] += 1
+    if updates:
+        session.execute(update(BatchRequest), updates)  # ORM bulk UPDATE by primary key
+    if completions:
+        session.execute(insert(Completion), completions)
     for batch_id, (done, failed, tin, tout) in deltas.items():
         session.execute(
             update(Batch)
@@ -83,7 +99,7 @@ def write_results(session: Session, token: str, results: list[GenResult]) -> int
         if remaining(session, batch_id) == 0:
             enqueue(session, FINALIZE, batch_id)
     session.flush()
-    return landed
+    return len(updates)
 
 
 def remaining(session: Session, batch_id: str) -> int:

@@ -16,12 +16,10 @@ from batchwright.batches import lifecycle, redrive
 from batchwright.config import Settings, get_settings
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.db.session import session_scope
-from batchwright.engine.types import GenResult
 from batchwright.registry import ModelSpec, Registry, load_registry
-from batchwright.worker import budget
+from batchwright.worker import budget, metrics, pipeline, routing
 from batchwright.worker.claims import Lease, is_out_of_memory
 from batchwright.worker.dispatch import FINALIZE, PROCESS, VALIDATE, get_dispatcher
-from batchwright.worker.results import write_results
 
 if TYPE_CHECKING:
     from batchwright.engine.runtime import Engine
@@ -30,8 +28,6 @@ log = logging.getLogger(__name__)
 
 # Set by SIGTERM handling (Celery's worker_shutting_down): stop claiming, finish what is held.
 SHUTDOWN = threading.Event()
-FLUSH_EVERY = 32
-FLUSH_SECONDS = 0.5
 
 _engines: dict[str, Engine] = {}
 
@@ -41,8 +37,10 @@ def engine_for(spec: ModelSpec) -> Engine:
     if spec.name not in _engines:
         from batchwright.engine.runtime import Engine
 
-        _engines.clear()  # one model resident at a time
+        # A worker holds only the models it was started with (--models), each loaded once.
         _engines[spec.name] = Engine.load(spec)
+        metrics.instrument(_engines[spec.name], spec.name)
+        metrics.loaded(spec.name)
     return _engines[spec.name]
 
 
@@ -78,40 +76,27 @@ def process(
     """Generate for queued rows of `model` until none are left or the time slice ends."""
     settings = get_settings()
     spec = (registry or load_registry(settings)).get(model)
-    if spec is None:
+    if spec is None or not routing.serves(model, settings):
         return 0
     engine = engine_provider(spec)
     landed = 0
     try:
         with Lease(model, settings, SHUTDOWN) as lease:
             lease.cancels.on_batch = finalize_batch
-            buffer: list[GenResult] = []
-            last = time.monotonic()
-            for result in engine.run(lease.requests(), cancelled=lease.cancelled):
-                buffer.append(result)
-                if len(buffer) >= FLUSH_EVERY or time.monotonic() - last >= FLUSH_SECONDS:
-                    landed += _flush(lease.token, buffer)
-                    buffer, last = [], time.monotonic()
-            landed += _flush(lease.token, buffer)
+            landed = pipeline.generate(engine, lease, model, settings, cancelled=lease.cancelled)
     except Exception as exc:
         rows = getattr(engine, "max_rows", 1)
         if not is_out_of_memory(exc) or rows <= 1:
             raise
         # The lease gave the lines back unharmed; decode fewer rows at once and go again.
         engine.max_rows = max(1, rows // 2)
+        metrics.OOM_HALVINGS.labels(model).inc()
         log.warning("out of memory with %d rows; retrying with %d", rows, engine.max_rows)
         get_dispatcher().send(PROCESS, model)
         return landed
     if lease.more_work and not SHUTDOWN.is_set():
         get_dispatcher().send(PROCESS, model)
     return landed
-
-
-def _flush(token: str, buffer: list[GenResult]) -> int:
-    if not buffer:
-        return 0
-    with session_scope() as session:
-        return write_results(session, token, buffer)
 
 
 def _fail_exhausted(session: Session, settings: Settings) -> int:
@@ -182,6 +167,7 @@ def sweep() -> dict[str, int]:
         else:
             dispatcher.send(FINALIZE, batch_id)
     stats["batches"] = len(batches)
-    for model in models:
-        dispatcher.send(PROCESS, model)
+    with session_scope() as session:
+        for model in models:  # workers of the model with nothing in flight
+            routing.wake(session, model, idle_only=True)
     return stats

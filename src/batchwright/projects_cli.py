@@ -1,0 +1,66 @@
+"""`batchwright projects`: a project's fair-share weight and quotas."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+projects = typer.Typer(help="Project weights (fair share) and quotas.", no_args_is_help=True)
+console = Console()
+
+NO_LIMIT = "Use 0 to remove the limit."
+
+
+@projects.command("set")
+def projects_set(
+    project: Annotated[str, typer.Argument(help="Project name (created if new).")],
+    weight: Annotated[
+        float | None, typer.Option(min=0.01, help="Share of a model's capacity (default 1).")
+    ] = None,
+    max_enqueued_lines: Annotated[
+        int | None, typer.Option(min=0, help=f"Lines in unfinished batches. {NO_LIMIT}")
+    ] = None,
+    max_enqueued_tokens: Annotated[
+        int | None,
+        typer.Option(min=0, help=f"Prompt + max_tokens of unfinished batches. {NO_LIMIT}"),
+    ] = None,
+) -> None:
+    """Set a project's weight and quotas; options left out keep their value."""
+    from batchwright.auth.service import get_or_create_project
+    from batchwright.db.session import session_scope
+
+    with session_scope() as session:
+        row = get_or_create_project(session, project)
+        if weight is not None:
+            row.weight = weight
+        if max_enqueued_lines is not None:
+            row.max_enqueued_lines = max_enqueued_lines or None
+        if max_enqueued_tokens is not None:
+            row.max_enqueued_tokens = max_enqueued_tokens or None
+    projects_list()
+
+
+@projects.command("list")
+def projects_list() -> None:
+    """Projects with their weight and quotas."""
+    from sqlalchemy import select
+
+    from batchwright.config import get_settings
+    from batchwright.db.models import Project
+    from batchwright.db.session import session_scope
+
+    table = Table("project", "id", "weight", "max enqueued lines", "max enqueued tokens")
+    default = get_settings().default_project_weight
+    with session_scope() as session:
+        for row in session.scalars(select(Project).order_by(Project.name)):
+            table.add_row(
+                row.name,
+                row.id,
+                f"{row.weight if row.weight is not None else default:g}",
+                str(row.max_enqueued_lines or "-"),
+                str(row.max_enqueued_tokens or "-"),
+            )
+    console.print(table)

@@ -1,0 +1,142 @@
+"""Fair share of a model's capacity between projects, then between a project's batches.
+
+Instead of oldest batch first, every claim hands its slots out by deficit round-robin over
+the projects that have queued lines for the model. A project's standing is the rows it
+already holds in flight for the model divided by its weight (Project.weight, default
+`default_project_weight`): each slot goes to the project lowest on that measure, then,
+inside the project, to its batch holding the fewest rows (oldest first on ties). The state
+lives in the rows themselves (state = 'running'), so every worker of every host sees the
+same standings without a shared counter, and a crashed worker's share frees up with its
+lease. No starvation: a project with queued lines and weight w > 0 gets a slot whenever it
+holds less than w/sum(w) of the rows in flight, and a new project holds none.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import ColumnElement, func, or_, select
+from sqlalchemy.orm import Session
+
+from batchwright.config import get_settings
+from batchwright.db.models import Batch, BatchRequest, Project
+
+# Rounds of re-allocation when a batch had fewer claimable lines than its share.
+_ROUNDS = 3
+
+
+@dataclass
+class Flow:
+    """One batch with queued lines for the model."""
+
+    batch_id: str
+    project_id: str
+    weight: float
+    created_at: int
+    held: int = 0  # its lines in flight
+
+
+def allocate(flows: Sequence[Flow], slots: int, project_held: dict[str, int]) -> dict[str, int]:
+    """Slots per batch id. `project_held`: rows each project holds in flight for the model,
+    counting its batches that have nothing queued any more."""
+    by_project: dict[str, list[Flow]] = defaultdict(list)
+    for flow in flows:
+        by_project[flow.project_id].append(flow)
+    held = {p: project_held.get(p, 0) for p in by_project}
+    weight = {p: max(fs[0].weight, 1e-6) for p, fs in by_project.items()}
+    oldest = {p: min((f.created_at, f.batch_id) for f in fs) for p, fs in by_project.items()}
+    batch_held = {f.batch_id: f.held for f in flows}
+    give: dict[str, int] = defaultdict(int)
+    for _ in range(slots):
+        # The project whose next row would leave it least served, relative to its weight.
+        project = min(by_project, key=lambda p: ((held[p] + 1) / weight[p], oldest[p]))
+        flow = min(
+            by_project[project],
+            key=lambda f: (batch_held[f.batch_id], f.created_at, f.batch_id),
+        )
+        give[flow.batch_id] += 1
+        batch_held[flow.batch_id] += 1
+        held[project] += 1
+    return dict(give)
+
+
+def active_flows(
+    session: Session, model: str, queued: Sequence[ColumnElement[bool]], now: float
+) -> list[Flow]:
+    default = get_settings().default_project_weight
+    has_queued = select(BatchRequest.id).where(BatchRequest.batch_id == Batch.id, *queued)
+    rows = session.execute(
+        select(Batch.id, Batch.project_id, Project.weight, Batch.created_at)
+        .join(Project, Project.id == Batch.project_id)
+        .where(
+            Batch.status == "in_progress",
+            Batch.model == model,
+            # Past its window a batch gets no new work: its finalize expires what is left.
+            or_(Batch.expires_at.is_(None), Batch.expires_at > now),
+            has_queued.exists(),
+        )
+    ).all()
+    return [
+        Flow(bid, pid, float(w if w is not None else default), created)
+        for bid, pid, w, created in rows
+    ]
+
+
+def held_in_flight(session: Session, model: str) -> tuple[dict[str, int], dict[str, int]]:
+    """Rows in flight for the model: per batch and per project."""
+    per_batch: dict[str, int] = {}
+    per_project: dict[str, int] = defaultdict(int)
+    for batch_id, project_id, count in session.execute(
+        select(BatchRequest.batch_id, Batch.project_id, func.count())
+        .join(Batch, Batch.id == BatchRequest.batch_id)
+        .where(BatchRequest.state == "running", Batch.model == model)
+        .group_by(BatchRequest.batch_id, Batch.project_id)
+    ):
+        per_batch[batch_id] = count
+        per_project[project_id] += count
+    return per_batch, per_project
+
+
+def pick(
+    session: Session, model: str, limit: int, conditions: Sequence[ColumnElement[bool]]
+) -> list[int]:
+    """Ids of up to `limit` queued lines of `model`, locked (SKIP LOCKED), shared fairly.
+
+    `conditions`: extra filters on the lines (attempt counts)."""
+    queued = [BatchRequest.state == "queued", *conditions]
+    flows = active_flows(session, model, queued, time.time())
+    if not flows:
+        return []
+    project_held: dict[str, int] = {}
+    if len(flows) > 1:
+        per_batch, project_held = held_in_flight(session, model)
+        for flow in flows:
+            flow.held = per_batch.get(flow.batch_id, 0)
+    by_id = {f.batch_id: f for f in flows}
+    ids: list[int] = []
+    for _ in range(_ROUNDS):
+        short = False
+        shares = allocate(list(by_id.values()), limit - len(ids), project_held)
+        for batch_id, n in sorted(shares.items()):
+            got = list(
+                session.scalars(
+                    select(BatchRequest.id)
+                    .where(BatchRequest.batch_id == batch_id, *queued)
+                    .order_by(BatchRequest.line_no)
+                    .limit(n)
+                    .with_for_update(skip_locked=True, of=BatchRequest)
+                )
+            )
+            ids += got
+            flow = by_id[batch_id]
+            flow.held += len(got)
+            project_held[flow.project_id] = project_held.get(flow.project_id, 0) + len(got)
+            if len(got) < n:  # drained, or the rest is locked by another claim
+                del by_id[batch_id]
+                short = True
+        if not short or not by_id or len(ids) >= limit:
+            break
+    return ids

@@ -1,0 +1,149 @@
+"""Worker heartbeats in Postgres: what each live worker serves and how busy it is.
+
+A worker process upserts its row every `heartbeat_seconds`; it counts as live for three
+intervals, so a SIGKILLed worker drops out of /readyz, /v1/models and wake-ups on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from batchwright.config import Settings, get_settings
+from batchwright.db.models import WorkerHeartbeat
+from batchwright.db.session import session_scope
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerStats:
+    """This process's counters, written by the pipeline, read by the heartbeat."""
+
+    rows_in_flight: int = 0
+    lines_completed: int = 0
+    tokens: int = 0
+    loaded: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, *, in_flight: int = 0, lines: int = 0, tokens: int = 0) -> None:
+        with self.lock:
+            self.rows_in_flight += in_flight
+            self.lines_completed += lines
+            self.tokens += tokens
+
+
+STATS = WorkerStats()
+
+
+def live_after(settings: Settings) -> float:
+    return time.time() - 3 * settings.heartbeat_seconds
+
+
+def live(session: Session, settings: Settings | None = None) -> list[WorkerHeartbeat]:
+    settings = settings or get_settings()
+    return list(
+        session.scalars(
+            select(WorkerHeartbeat)
+            .where(WorkerHeartbeat.last_seen > live_after(settings))
+            .order_by(WorkerHeartbeat.id)
+        )
+    )
+
+
+def model_names(beat: WorkerHeartbeat) -> list[str]:
+    return [m for m in beat.models.split(",") if m]
+
+
+def capacity(session: Session, settings: Settings | None = None) -> dict[str, int]:
+    """Live workers per model."""
+    counts: dict[str, int] = {}
+    for beat in live(session, settings):
+        for model in model_names(beat):
+            counts[model] = counts.get(model, 0) + 1
+    return counts
+
+
+def model_capacity(settings: Settings) -> dict[str, int]:
+    """Live workers for every model of the registry (0 where none)."""
+    from batchwright.registry import load_registry
+
+    with session_scope() as session:
+        counts = capacity(session, settings)
+    return {name: counts.get(name, 0) for name in load_registry(settings).names}
+
+
+def live_workers(session: Session, model: str, *, idle_only: bool = False) -> int:
+    return sum(
+        1
+        for beat in live(session)
+        if model in model_names(beat) and not (idle_only and beat.rows_in_flight > 0)
+    )
+
+
+class Heartbeat:
+    """The thread that keeps this process's row fresh."""
+
+    def __init__(self, models: list[str], control: bool, settings: Settings) -> None:
+        self.settings = settings
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.id = f"{self.host}:{self.pid}"
+        self.models = models
+        self.control = control
+        self.started = time.time()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="heartbeat")
+        self._last = (time.monotonic(), 0)
+
+    def start(self) -> None:
+        self.beat()
+        self._thread.start()
+
+    def beat(self) -> None:
+        now_mono = time.monotonic()
+        with STATS.lock:
+            in_flight, lines, tokens = STATS.rows_in_flight, STATS.lines_completed, STATS.tokens
+            loaded = ",".join(sorted(STATS.loaded))
+        then, tokens_then = self._last
+        rate = (tokens - tokens_then) / max(now_mono - then, 1e-6)
+        self._last = (now_mono, tokens)
+        with session_scope() as session:
+            session.merge(
+                WorkerHeartbeat(
+                    id=self.id,
+                    host=self.host,
+                    pid=self.pid,
+                    models=",".join(self.models),
+                    loaded=loaded,
+                    control=self.control,
+                    rows_in_flight=in_flight,
+                    tokens_per_second=round(rate, 2),
+                    lines_completed=lines,
+                    started_at=self.started,
+                    last_seen=time.time(),
+                )
+            )
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.settings.heartbeat_seconds):
+            try:
+                self.beat()
+            except Exception as exc:  # the database is away: the next beat retries
+                log.warning("heartbeat failed: %r", exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        try:
+            with session_scope() as session:
+                session.execute(delete(WorkerHeartbeat).where(WorkerHeartbeat.id == self.id))
+        except Exception as exc:
+            log.warning("could not remove heartbeat: %r", exc)

@@ -1,0 +1,111 @@
+"""A worker's Prometheus metrics (served on BATCHWRIGHT_WORKER_METRICS_PORT).
+
+One process per worker (solo pool), so the default registry is the process's own; no
+multiprocess mode is needed. Names follow prometheus-client conventions (_total, _seconds).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from batchwright.engine.types import GenResult
+from batchwright.worker.heartbeat import STATS
+
+if TYPE_CHECKING:
+    from batchwright.engine.runtime import Engine
+
+LINES = Counter("batchwright_worker_lines_total", "Lines finished", ["model", "outcome"])
+PROMPT_TOKENS = Counter("batchwright_worker_prompt_tokens_total", "Prompt tokens", ["model"])
+GENERATED_TOKENS = Counter(
+    "batchwright_worker_generated_tokens_total", "Generated tokens", ["model"]
+)
+STEP_SECONDS = Histogram(
+    "batchwright_worker_engine_step_seconds",
+    "Model forward of one engine step (decode rows plus any prefill)",
+    ["model"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+PREFILL_TOKENS = Histogram(
+    "batchwright_worker_prefill_tokens_per_step",
+    "Prompt tokens prefilled in one engine step",
+    ["model"],
+    buckets=(0, 16, 64, 256, 1024, 4096, 16384, 65536),
+)
+IN_FLIGHT = Gauge("batchwright_worker_rows_in_flight", "Lines handed to the engine", ["model"])
+LOADED = Gauge("batchwright_worker_model_loaded", "1 once the model is loaded here", ["model"])
+LEASE_RENEWALS = Counter("batchwright_worker_lease_renewals_total", "Lease renewals")
+LEASE_EXPIRIES = Counter(
+    "batchwright_worker_lease_expiries_total",
+    "Results dropped because the lease no longer held the line",
+)
+RETRIES = Counter("batchwright_worker_task_retries_total", "Celery task retries", ["task"])
+OOM_HALVINGS = Counter(
+    "batchwright_worker_oom_halvings_total", "Out-of-memory halvings of max_rows", ["model"]
+)
+RESULT_WRITE_SECONDS = Histogram(
+    "batchwright_worker_result_write_seconds", "One result flush to the database"
+)
+
+
+def handed(model: str, n: int) -> None:
+    IN_FLIGHT.labels(model).inc(n)
+    STATS.add(in_flight=n)
+
+
+def finished(model: str, results: Sequence[GenResult]) -> None:
+    ok = sum(1 for r in results if r.status_code == 200)
+    prompt = sum(r.prompt_tokens for r in results)
+    generated = sum(r.completion_tokens for r in results)
+    LINES.labels(model, "completed").inc(ok)
+    LINES.labels(model, "failed").inc(len(results) - ok)
+    PROMPT_TOKENS.labels(model).inc(prompt)
+    GENERATED_TOKENS.labels(model).inc(generated)
+    IN_FLIGHT.labels(model).dec(len(results))
+    STATS.add(in_flight=-len(results), lines=len(results), tokens=generated)
+
+
+def released(model: str, n: int) -> None:
+    """Lines handed to the engine that came back without a result (a run stopped early)."""
+    IN_FLIGHT.labels(model).dec(n)
+    STATS.add(in_flight=-n)
+
+
+def loaded(model: str) -> None:
+    LOADED.labels(model).set(1)
+    with STATS.lock:
+        STATS.loaded.add(model)
+
+
+def instrument(engine: Engine, model: str) -> None:
+    """Time the engine's model forwards (the step's dominant cost) without touching it."""
+    if getattr(engine, "_bw_instrumented", False):
+        return
+    step = STEP_SECONDS.labels(model)
+    prefill = PREFILL_TOKENS.labels(model)
+
+    def timed(fn: Callable[..., Any], prompt_tokens: Callable[..., int]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                step.observe(time.perf_counter() - start)
+                prefill.observe(prompt_tokens(*args, **kwargs))
+
+        return wrapper
+
+    def varlen_prompt(ids: Any, positions: Any, keep: Any, plan: Any) -> int:
+        return sum(end - start for start, end in plan.bounds)
+
+    def padded_prompt(ids: Any, mask: Any, *_: Any) -> int:
+        return int(mask.sum()) if ids.shape[-1] > 1 else 0
+
+    engine.forward_step = timed(engine.forward_step, varlen_prompt)  # type: ignore[method-assign]
+    engine.forward_last = timed(engine.forward_last, padded_prompt)  # type: ignore[method-assign]
+    engine._bw_instrumented = True  # type: ignore[attr-defined]

@@ -1,0 +1,42 @@
+"""Per-process services of a Celery worker: its heartbeat and its Prometheus endpoint.
+
+Started once the worker is ready (never at import or fork) and stopped at shutdown.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.signals import task_retry, worker_ready, worker_shutdown
+
+from batchwright.config import get_settings
+from batchwright.worker import metrics
+from batchwright.worker.heartbeat import Heartbeat
+from batchwright.worker.routing import served_models
+
+_heartbeat: Heartbeat | None = None
+
+
+def _start(**_: Any) -> None:
+    global _heartbeat
+    settings = get_settings()
+    if settings.worker_metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.worker_metrics_port)
+    _heartbeat = Heartbeat(served_models(settings), True, settings)
+    _heartbeat.start()
+
+
+def _stop(**_: Any) -> None:
+    if _heartbeat is not None:
+        _heartbeat.stop()
+
+
+def _retried(sender: Any = None, **_: Any) -> None:
+    metrics.RETRIES.labels(getattr(sender, "name", "unknown")).inc()
+
+
+worker_ready.connect(_start, weak=False)
+worker_shutdown.connect(_stop, weak=False)
+task_retry.connect(_retried, weak=False)

@@ -1,0 +1,131 @@
+"""End to end: 2 models x 2 workers (each started with one model) x 2 projects, plus a
+control-only worker that cannot import torch at all."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import _free_port
+from tests.helpers import jsonl, line, read_jsonl, submit, wait_batch
+from tests.shared.conftest import Service
+
+A_LINES = 600
+B_LINES = 20
+
+
+def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    return [
+        (s.name, dict(s.labels), s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    return sum(v for n, lab, v in samples(text) if n == name and labels.items() <= lab.items())
+
+
+def lines(prefix: str, n: int, model: str) -> bytes:
+    return jsonl(
+        [
+            line(f"{prefix}-{i}", {"model": model, "max_tokens": 8, "temperature": 0})
+            for i in range(n)
+        ]
+    )
+
+
+def done(svc: Service, batch_id: str) -> int:
+    return int(
+        svc.sql(
+            "SELECT count(*) FROM batch_requests WHERE batch_id = %s "
+            "AND state IN ('succeeded', 'failed')",
+            batch_id,
+        )[0][0]
+    )
+
+
+def test_two_models_two_workers_two_projects(svc: Service, no_torch: str) -> None:
+    path = os.pathsep.join([no_torch, os.environ.get("PYTHONPATH", "")])
+    control = svc.spawn("control", ["worker", "--control-only"], PYTHONPATH=path)
+    ports = {"demo": _free_port(), "demo-b": _free_port()}
+    gen = {
+        model: svc.spawn(
+            f"worker-{model}",
+            ["worker", "--models", model],
+            BATCHWRIGHT_WORKER_METRICS_PORT=str(port),
+        )
+        for model, port in ports.items()
+    }
+    for proc in (control, *gen.values()):
+        proc.wait_for("ready.")
+    team_a, team_b = svc.client(svc.key("team-a")), svc.client(svc.key("team-b"))
+
+    # Capacity: every model has one live worker, in /v1/models and /readyz.
+    def live() -> dict[str, Any]:
+        return {m.id: m.live_workers for m in team_a.models.list().data}
+
+    svc.wait(lambda: live() == {"demo": 1, "demo-b": 1}, 60, "heartbeats of both workers")
+    ready = httpx.get(svc.api_url + "/readyz").json()
+    assert ready["models"] == {"demo": 1, "demo-b": 1}
+
+    # Project A's big batch on `demo`; project B's small one arrives once A is running.
+    big = submit(team_a, lines("a", A_LINES, "demo"))
+    svc.wait(lambda: done(svc, big.id) >= 50, what="A under way")
+    small = submit(team_b, lines("b", B_LINES, "demo"))
+    a_at_submit = done(svc, big.id)
+    svc.wait(lambda: done(svc, small.id) == B_LINES, what="B's lines")
+    a_at_finish = done(svc, big.id)
+    # Both projects on `demo-b` meanwhile: the other worker takes them.
+    others = [
+        submit(team_a, lines("a2", 30, "demo-b")),
+        submit(team_b, lines("b2", 30, "demo-b")),
+    ]
+
+    # Fair share, counted in work rather than seconds: oldest-first would finish B only
+    # after A's every line. With fair share B's 20 lines wait at most for what the worker
+    # already holds (claims read ahead plus the engine's window, about 3 x 16 rows) and then
+    # take half the rows; A finishes at most 150 lines meanwhile (B alone: 20 lines).
+    print(f"fair share: A finished {a_at_finish - a_at_submit} lines while B's {B_LINES} ran")
+    assert a_at_finish - a_at_submit <= 150, (a_at_submit, a_at_finish)
+    assert a_at_finish < A_LINES
+
+    expected = [(big, team_a, A_LINES), (small, team_b, B_LINES)]
+    expected += [(others[0], team_a, 30), (others[1], team_b, 30)]
+    for batch, client, n in expected:
+        final = wait_batch(client, batch.id, timeout=600)
+        assert final.status == "completed", final
+        assert final.request_counts.completed == n
+        ids = [row["custom_id"] for row in read_jsonl(client, final.output_file_id)]
+        assert len(ids) == len(set(ids)) == n
+
+    # Each worker loaded only its own model (heartbeat and its metrics); the control-only
+    # worker loaded none and never had torch.
+    beats = {
+        models: (loaded, lines_done)
+        for models, loaded, lines_done in svc.sql(
+            "SELECT models, loaded, lines_completed FROM worker_heartbeats"
+        )
+    }
+    assert beats["demo"][0] == "demo" and beats["demo-b"][0] == "demo-b"
+    assert beats[""][0] == ""
+    for model, port in ports.items():
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        other = "demo-b" if model == "demo" else "demo"
+        assert value(text, "batchwright_worker_model_loaded", model=model) == 1
+        assert not [s for s in samples(text) if s[1].get("model") == other]
+        finished = value(text, "batchwright_worker_lines_total", model=model, outcome="completed")
+        assert finished == (A_LINES + B_LINES if model == "demo" else 60)
+        assert value(text, "batchwright_worker_generated_tokens_total", model=model) > 0
+        assert value(text, "batchwright_worker_engine_step_seconds_count", model=model) > 0
+    assert "succeeded" in control.output() and "validate_batch" in control.output()
+
+    # The API's metrics: requests by route template, batches by status, live workers.
+    text = httpx.get(svc.api_url + "/metrics").text
+    assert value(text, "batchwright_http_requests_total", route="/v1/batches/{batch_id}") > 0
+    assert value(text, "batchwright_batches", status="completed") >= 4
+    assert value(text, "batchwright_workers_live", model="demo") == 1
+    assert value(text, "batchwright_lines", model="demo", state="queued") == 0
