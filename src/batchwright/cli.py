@@ -11,11 +11,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from batchwright.webhooks.cli import webhooks as webhooks_cli
+
 app = typer.Typer(help="Self-hosted, OpenAI-compatible batch inference.", no_args_is_help=True)
 keys = typer.Typer(help="Create and revoke API keys.", no_args_is_help=True)
 db = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(keys, name="keys")
 app.add_typer(db, name="db")
+app.add_typer(webhooks_cli, name="webhooks")
 console = Console()
 
 

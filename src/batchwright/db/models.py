@@ -47,7 +47,10 @@ class APIKey(Base):
 
 class File(Base):
     __tablename__ = "files"
-    __table_args__ = (Index("ix_files_project_created", "project_id", "created_at", "id"),)
+    __table_args__ = (
+        Index("ix_files_project_created", "project_id", "created_at", "id"),
+        Index("ix_files_expires_at", "expires_at"),
+    )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
@@ -104,6 +107,8 @@ class Batch(Base):
     metadata_: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON)
     # Last time the sweeper or a worker pushed this batch; lets the sweeper spot stuck ones.
     updated_at: Mapped[float] = mapped_column(Float)
+    # output_expires_after.seconds: the lifetime of the output and error files.
+    output_expires_after: Mapped[int | None] = mapped_column(Integer)
 
 
 class BatchRequest(Base):
@@ -152,3 +157,43 @@ class Completion(Base):
     completion_tokens: Mapped[int] = mapped_column(Integer)
     total_tokens: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class WebhookEndpoint(Base):
+    """Where a project's batch events are posted; the secret signs every delivery."""
+
+    __tablename__ = "webhook_endpoints"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    url: Mapped[str] = mapped_column(Text)
+    # whsec_ + base64 key. Kept readable: every delivery is signed with it.
+    secret: Mapped[str] = mapped_column(String(100))
+    # Event types delivered; null means all.
+    event_types: Mapped[list[str] | None] = mapped_column(JSON)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class WebhookDelivery(Base):
+    """The outbox: one row per event and endpoint, written with the state change."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (Index("ix_webhook_deliveries_due", "state", "next_attempt_at"),)
+
+    # Also the webhook-id header: the same on every retry, so receivers can deduplicate.
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    endpoint_id: Mapped[str] = mapped_column(
+        ForeignKey("webhook_endpoints.id", ondelete="CASCADE"), index=True
+    )
+    event_type: Mapped[str] = mapped_column(String(32))
+    # The exact JSON body that is signed and sent.
+    payload: Mapped[str] = mapped_column(Text)
+    # pending -> delivered | failed (retry window over)
+    state: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Float)
+    next_attempt_at: Mapped[float] = mapped_column(Float)
+    # A sender holds the row until then; a sender killed mid-request leaves it to expire.
+    claimed_until: Mapped[float | None] = mapped_column(Float)
+    delivered_at: Mapped[float | None] = mapped_column(Float)
+    last_error: Mapped[str | None] = mapped_column(Text)

@@ -17,7 +17,9 @@ from batchwright.config import get_settings
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.db.session import session_scope
 from batchwright.engine.types import GenResult
+from batchwright.files import purge
 from batchwright.registry import ModelSpec, Registry, load_registry
+from batchwright.webhooks import outbox
 from batchwright.worker.claims import Lease, is_out_of_memory
 from batchwright.worker.dispatch import FINALIZE, PROCESS, VALIDATE, get_dispatcher
 from batchwright.worker.results import write_results
@@ -179,4 +181,6 @@ def sweep() -> dict[str, int]:
     stats["batches"] = len(batches)
     for model in models:
         dispatcher.send(PROCESS, model)
+    purge.kick(dispatcher)
+    outbox.resend_due(dispatcher)
     return stats
