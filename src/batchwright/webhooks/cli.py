@@ -16,7 +16,7 @@ err = Console(stderr=True)
 
 
 def _fail(exc: APIError) -> None:
-    err.print(f"[red]error:[/red] {exc.message}", highlight=False)
+    err.print(f"[red]error:[/red] {exc.message}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
