@@ -175,3 +175,35 @@ def test_endpoint_cli_and_private_targets(service_env: dict[str, str]) -> None:
     assert endpoint_id not in cli(service_env, "list").stdout
     gone = cli(service_env, "remove", endpoint_id, check=False)
     assert gone.returncode == 2
+
+
+def test_outbox_row_is_written_with_the_status(
+    service_env: dict[str, str], api_url: str, worker: Any
+) -> None:
+    from sqlalchemy import text
+
+    from batchwright.db.models import Batch
+    from batchwright.db.session import get_sessionmaker
+
+    key = create_key(service_env, "hooks-tx")
+    client = project_client(api_url, key)
+    endpoint_id, _ = add_endpoint(service_env, "hooks-tx", "http://127.0.0.1:9/never")
+    batch = wait_batch(client, submit(client, jsonl([line("t")])).id)
+    assert len(delivery_rows(service_env, endpoint_id)) == 1  # its batch.completed
+
+    session = get_sessionmaker()()
+    try:
+        row = session.get(Batch, batch.id)
+        assert row is not None
+        row.status = "expired"  # any terminal change, in a transaction that will not commit
+        session.flush()
+        inside = session.scalar(
+            text("SELECT count(*) FROM webhook_deliveries WHERE endpoint_id = :e"),
+            {"e": endpoint_id},
+        )
+        assert inside == 2  # written by the same flush as the status
+        assert len(delivery_rows(service_env, endpoint_id)) == 1  # invisible until commit
+        session.rollback()
+    finally:
+        session.close()
+    assert len(delivery_rows(service_env, endpoint_id)) == 1  # rolled back together

@@ -19,7 +19,6 @@ from batchwright.db.base import now
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.files import expiry
 from batchwright.registry import Registry
-from batchwright.webhooks import outbox  # noqa: F401  (terminal statuses write the outbox)
 from batchwright.worker.dispatch import FINALIZE, PROCESS, enqueue
 
 TERMINAL = {"completed", "failed", "cancelled", "expired"}

@@ -33,7 +33,10 @@ NOTICES = {
     "cancelling": "Cancelling: lines already running finish, the rest are cancelled.",
     "not_cancellable": "This batch can no longer be cancelled.",
 }
-LOGIN = RedirectResponse(f"{auth.PATH}/login", status_code=303)
+
+
+def _login() -> Response:
+    return RedirectResponse(f"{auth.PATH}/login", status_code=303)
 
 
 def _page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
@@ -76,7 +79,7 @@ def logout() -> Response:
 def batch_list(request: Request, session: SessionDep) -> Response:
     project = auth.signed_in_project(request, session)
     if project is None:
-        return LOGIN
+        return _login()
     rows = session.scalars(
         select(Batch)
         .where(Batch.project_id == project)
@@ -93,7 +96,7 @@ def batch_list(request: Request, session: SessionDep) -> Response:
 def batch_page(batch_id: str, request: Request, session: SessionDep) -> Response:
     project = auth.signed_in_project(request, session)
     if project is None:
-        return LOGIN
+        return _login()
     batch = batches.get_batch(session, project, batch_id)
     view = views.batch_view(batch)
     return _page(
@@ -113,7 +116,7 @@ def cancel(
 ) -> Response:
     project = auth.signed_in_project(request, session)
     if project is None or not auth.csrf_ok(request, csrf):
-        return LOGIN
+        return _login()
     notice = "cancelling"
     try:
         batches.cancel_batch(session, project, batch_id)
@@ -126,7 +129,7 @@ def cancel(
 def file_list(request: Request, session: SessionDep) -> Response:
     project = auth.signed_in_project(request, session)
     if project is None:
-        return LOGIN
+        return _login()
     rows = session.scalars(
         select(File)
         .where(
@@ -143,7 +146,7 @@ def file_list(request: Request, session: SessionDep) -> Response:
 def download(file_id: str, request: Request, session: SessionDep) -> Response:
     project = auth.signed_in_project(request, session)
     if project is None:
-        return LOGIN
+        return _login()
     file = files.get_file(session, project, file_id)
 
     def body() -> Iterator[bytes]:
@@ -165,7 +168,7 @@ def download(file_id: str, request: Request, session: SessionDep) -> Response:
 def service_page(request: Request, session: SessionDep) -> Response:
     project = auth.signed_in_project(request, session)
     if project is None:
-        return LOGIN
+        return _login()
     return _page(
         request,
         "service.html",
