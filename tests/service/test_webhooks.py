@@ -207,3 +207,43 @@ def test_outbox_row_is_written_with_the_status(
     finally:
         session.close()
     assert len(delivery_rows(service_env, endpoint_id)) == 1  # rolled back together
+
+
+def test_backoff_grows_with_jitter_and_is_capped() -> None:
+    from batchwright.config import Settings
+    from batchwright.webhooks.delivery import backoff
+
+    settings = Settings(webhook_retry_base_seconds=5, webhook_retry_max_seconds=3600)
+    for attempts in range(1, 16):
+        step = min(3600.0, 5 * 2.0 ** (attempts - 1))
+        waits = {backoff(attempts, settings) for _ in range(50)}
+        assert all(step / 2 <= w <= step for w in waits)
+        assert len(waits) > 1  # jittered: retries of many receivers do not line up
+
+
+def test_retries_stop_when_the_window_closes(
+    service_env: dict[str, str], api_url: str, worker: Any
+) -> None:
+    key = create_key(service_env, "hooks-window")
+    client = project_client(api_url, key)
+    window = 72 * 3600
+    with receiver(script=[500] * 50) as hook:
+        endpoint_id, _ = add_endpoint(service_env, "hooks-window", hook.url)
+        batch = wait_batch(client, submit(client, b"{nope\n").id)
+        rows = wait_rows(service_env, endpoint_id, "pending")
+        hook.wait_for(1)
+        with psycopg.connect(service_env["BATCHWRIGHT_DATABASE_URL"], autocommit=True) as conn:
+            # The event is 72 h old: the next failure is its last.
+            conn.execute(
+                "UPDATE webhook_deliveries SET created_at = created_at - %s WHERE id = %s",
+                (window, rows[0][0]),
+            )
+        rows = wait_rows(service_env, endpoint_id, "failed")
+    assert batch.status == "failed"
+    attempts = rows[0][2]
+    assert len(hook.requests) == attempts  # nothing sent after it gave up
+    with psycopg.connect(service_env["BATCHWRIGHT_DATABASE_URL"]) as conn:
+        error = conn.execute(
+            "SELECT last_error FROM webhook_deliveries WHERE id = %s", (rows[0][0],)
+        ).fetchone()
+    assert error is not None and "HTTP 500" in error[0]
