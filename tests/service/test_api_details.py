@@ -50,3 +50,15 @@ def test_openai_error_codes(http: httpx.Client, body: object, param: str, code: 
     resp = http.post("/v1/batches", json=body)
     assert resp.status_code == 400, resp.text
     assert (resp.json()["error"]["param"], resp.json()["error"]["code"]) == (param, code)
+
+
+def test_upload_missing_fields_codes(http: httpx.Client) -> None:
+    resp = http.post("/v1/files", files={"file": ("a.jsonl", b"{}\n")})
+    assert resp.status_code == 400
+    assert (resp.json()["error"]["param"], resp.json()["error"]["code"]) == (
+        "purpose",
+        "missing_required_parameter",
+    )
+    resp = http.post("/v1/files", data={"purpose": "batch"}, files={"other": ("x", b"1")})
+    assert resp.status_code == 400
+    assert resp.json()["error"]["code"] == "missing_required_parameter"

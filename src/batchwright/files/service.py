@@ -32,7 +32,11 @@ def new_file(session: Session, project_id: str, filename: str, purpose: str) -> 
 
 def check_purpose(purpose: str | None) -> str:
     if not purpose:
-        raise InvalidRequest("Missing required parameter: 'purpose'.", param="purpose")
+        raise InvalidRequest(
+            "Missing required parameter: 'purpose'.",
+            param="purpose",
+            code="missing_required_parameter",
+        )
     if purpose not in UPLOAD_PURPOSES:
         raise InvalidRequest(
             f"Invalid value for 'purpose': {purpose[:64]!r}. batchwright accepts only 'batch'.",

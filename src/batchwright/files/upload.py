@@ -133,7 +133,9 @@ async def receive_upload(
     except FormParserError as exc:
         raise InvalidRequest(f"Malformed multipart body: {exc}") from exc
     if collector.file_name is None:
-        raise InvalidRequest("Missing required parameter: 'file'.", param="file")
+        raise InvalidRequest(
+            "Missing required parameter: 'file'.", param="file", code="missing_required_parameter"
+        )
     check_purpose(collector.fields.get("purpose"))
     if collector.file_bytes == 0:
         raise InvalidRequest("The uploaded file is empty.", param="file", code="empty_file")
