@@ -87,6 +87,10 @@ def service_env(pg_url: str, redis_url: str, bw_home: Path) -> Iterator[dict[str
         "BATCHWRIGHT_SWEEP_INTERVAL_SECONDS": "2",
         "BATCHWRIGHT_WORK_SLICE_SECONDS": "20",
         "BATCHWRIGHT_CLAIM_BATCH_SIZE": "8",
+        # Webhook receivers in tests listen on loopback; retries come quickly.
+        "BATCHWRIGHT_WEBHOOK_ALLOW_PRIVATE_TARGETS": "true",
+        "BATCHWRIGHT_WEBHOOK_RETRY_BASE_SECONDS": "0.2",
+        "BATCHWRIGHT_WEBHOOK_TIMEOUT_SECONDS": "2",
         # Uploads over 16 MB are refused, so the limit is testable without 200 MB bodies.
         "BATCHWRIGHT_MAX_UPLOAD_BYTES": str(16 * 1024 * 1024),
         # A second name for the same weights makes `mismatched_model` testable.

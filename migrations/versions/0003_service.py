@@ -1,7 +1,7 @@
 """shared service: worker heartbeats, per-project weights and quotas, batch token counts
 
 Revision ID: 0003_service
-Revises: 0001
+Revises: 0002_hardening
 """
 
 from collections.abc import Sequence

@@ -14,6 +14,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from batchwright.errors import NotFound
 from batchwright.projects_cli import projects
+from batchwright.webhooks.cli import webhooks as webhooks_cli
 
 app = typer.Typer(help="Self-hosted, OpenAI-compatible batch inference.", no_args_is_help=True)
 keys = typer.Typer(help="Create and revoke API keys.", no_args_is_help=True)
@@ -21,6 +22,7 @@ db = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(keys, name="keys")
 app.add_typer(db, name="db")
 app.add_typer(projects, name="projects")
+app.add_typer(webhooks_cli, name="webhooks")
 console = Console()
 
 

@@ -80,6 +80,22 @@ class Settings(BaseSettings):
         # Compose passes `${BATCHWRIGHT_MODELS_FILE:-}` through as "" when it is not set.
         return None if value == "" else value
 
+    # File expiry (issue 12). Uploads with purpose "batch" expire after this by default,
+    # as OpenAI's do; 0 keeps them forever. Expired files are purged by the sweeper a
+    # bounded number of chunks per transaction.
+    batch_file_expires_seconds: int = 30 * 24 * 3600
+    purge_chunks_per_step: int = 64
+    purge_steps_per_task: int = 32
+    # Webhooks: targets in private, loopback or link-local networks are refused unless
+    # allowed (a webhook URL must not reach into the operator's own network).
+    webhook_allow_private_targets: bool = False
+    webhook_timeout_seconds: float = 10.0
+    # Retries back off exponentially with full jitter, up to this cap per wait, for up
+    # to webhook_retry_window_seconds after the event.
+    webhook_retry_base_seconds: float = 5.0
+    webhook_retry_max_seconds: float = 3600.0
+    webhook_retry_window_seconds: int = 72 * 3600
+
     @property
     def embedded(self) -> bool:
         return not self.broker_url

@@ -7,6 +7,7 @@ from fastapi import FastAPI
 from batchwright.api import errors, health, metrics
 from batchwright.api.guards import RejectNulInURL
 from batchwright.batches.endpoints import router as batches_router
+from batchwright.dashboard import routes as dashboard
 from batchwright.files.endpoints import router as files_router
 from batchwright.worker.dispatch import CeleryDispatcher, set_dispatcher
 
@@ -19,5 +20,7 @@ def create_app() -> FastAPI:
     metrics.install(app)
     app.include_router(files_router)
     app.include_router(batches_router)
+    app.include_router(dashboard.router)
+    app.mount("/dashboard/static", dashboard.static, name="dashboard-static")
     set_dispatcher(CeleryDispatcher())
     return app

@@ -57,15 +57,39 @@ async def on_validation_error(request: Request, exc: Exception) -> ORJSONRespons
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
     param = _param(tuple(first.get("loc", ())))
     msg = str(first.get("msg", "invalid request"))
-    if first.get("type") == "missing":
+    kind = str(first.get("type", ""))
+    code: str | None = _code(kind)
+    if kind == "missing":
         message = f"Missing required parameter: '{param}'."
-    elif first.get("type") == "extra_forbidden":
+    elif kind == "extra_forbidden":
         message = f"Unrecognized request argument supplied: {param}"
-    elif first.get("type") == "json_invalid":
-        message = "The request body is not valid JSON."
+    elif kind == "json_invalid":
+        # The location is a character offset, not a parameter: OpenAI answers param null.
+        message = f"We could not parse the JSON body of your request: {msg}."
+        param = None
     else:
         message = f"Invalid value for '{param}': {msg}" if param else msg
-    return _render(InvalidRequest(message, param=param, code="invalid_request"))
+    return _render(InvalidRequest(message, param=param, code=code))
+
+
+# pydantic error types -> the codes OpenAI's API uses for the same mistakes.
+_CODES = {
+    "missing": "missing_required_parameter",
+    "extra_forbidden": "unknown_parameter",
+    "json_invalid": None,
+    "greater_than": "integer_below_min_value",
+    "greater_than_equal": "integer_below_min_value",
+    "less_than": "integer_above_max_value",
+    "less_than_equal": "integer_above_max_value",
+}
+
+
+def _code(kind: str) -> str | None:
+    if kind in _CODES:
+        return _CODES[kind]
+    if kind.endswith("_type") or kind.endswith("_parsing"):
+        return "invalid_type"
+    return "invalid_value"
 
 
 async def on_http_error(_: Request, exc: Exception) -> ORJSONResponse:

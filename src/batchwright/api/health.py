@@ -8,6 +8,7 @@ from sqlalchemy import text
 
 from batchwright.api.deps import ProjectDep, SettingsDep
 from batchwright.db.session import get_engine
+from batchwright.errors import NotFound
 from batchwright.protocol.batches import ListObject, Model
 from batchwright.registry import load_registry
 from batchwright.worker.heartbeat import model_capacity
@@ -49,3 +50,12 @@ def list_models(_: ProjectDep, settings: SettingsDep) -> ListObject[Model]:
     live = model_capacity(settings) if settings.broker_url else {}
     data = [Model(id=name, live_workers=live.get(name)) for name in load_registry(settings).names]
     return ListObject[Model](data=data, first_id=data[0].id, last_id=data[-1].id)
+
+
+@router.get("/v1/models/{model_id}", tags=["models"])
+def retrieve_model(model_id: str, _: ProjectDep, settings: SettingsDep) -> Model:
+    if load_registry(settings).get(model_id) is None:
+        raise NotFound(
+            f"The model '{model_id[:200]}' does not exist.", param="model", code="model_not_found"
+        )
+    return Model(id=model_id)

@@ -17,6 +17,7 @@ from batchwright.batches.validation import scan_input
 from batchwright.config import Settings
 from batchwright.db.base import now
 from batchwright.db.models import Batch, BatchRequest
+from batchwright.files import expiry
 from batchwright.registry import Registry
 from batchwright.worker import routing
 from batchwright.worker.dispatch import FINALIZE, enqueue
@@ -38,6 +39,8 @@ def validate(session: Session, batch: Batch, registry: Registry, settings: Setti
         return  # a redelivered message for a batch that moved on
     if batch.expires_at is not None and now() >= batch.expires_at:
         finish(session, batch, "expired", settings)
+        return
+    if expiry.input_gone(session, batch):
         return
     outcome = scan_input(session, batch, registry, settings)
     if not outcome.errors:

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from batchwright.config import Settings
 from batchwright.db.models import Batch, BatchRequest, Completion
+from batchwright.files.expiry import apply_output_expiry
 from batchwright.files.service import new_file
 from batchwright.files.storage import ChunkWriter
 
@@ -84,6 +85,7 @@ def render(session: Session, batch: Batch, settings: Settings) -> tuple[int, int
     def writer(kind: str) -> ChunkWriter:
         if kind not in writers:
             file = new_file(session, batch.project_id, f"{batch.id}_{kind}.jsonl", "batch_output")
+            apply_output_expiry(file, batch)
             writers[kind] = ChunkWriter(session, file, settings.file_chunk_bytes)
         return writers[kind]
 

@@ -13,6 +13,7 @@ from batchwright.db.base import new_id, now
 from batchwright.db.models import Batch
 from batchwright.db.pagination import page
 from batchwright.errors import Conflict, InvalidRequest, NotFound
+from batchwright.files import expiry
 from batchwright.files.service import get_file
 from batchwright.protocol.batches import (
     BatchErrorItem,
@@ -62,6 +63,7 @@ def create_batch(session: Session, project_id: str, req: CreateBatch, settings: 
         created_at=created,
         expires_at=created + settings.completion_window_seconds,
         metadata_=req.metadata,
+        output_expires_after=expiry.parse(req.output_expires_after, "output_expires_after"),
         total=0,
         completed=0,
         failed=0,

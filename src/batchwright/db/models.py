@@ -53,7 +53,10 @@ class APIKey(Base):
 
 class File(Base):
     __tablename__ = "files"
-    __table_args__ = (Index("ix_files_project_created", "project_id", "created_at", "id"),)
+    __table_args__ = (
+        Index("ix_files_project_created", "project_id", "created_at", "id"),
+        Index("ix_files_expires_at", "expires_at"),
+    )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
@@ -114,6 +117,8 @@ class Batch(Base):
     failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Prompt tokens plus max_tokens of its lines, counted at validation for the quota.
     enqueued_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    # output_expires_after.seconds: the lifetime of the output and error files.
+    output_expires_after: Mapped[int | None] = mapped_column(Integer)
 
 
 class BatchRequest(Base):
@@ -191,3 +196,43 @@ class WorkerHeartbeat(Base):
     lines_completed: Mapped[int] = mapped_column(BigInteger, default=0)
     started_at: Mapped[float] = mapped_column(Float)
     last_seen: Mapped[float] = mapped_column(Float, index=True)
+
+
+class WebhookEndpoint(Base):
+    """Where a project's batch events are posted; the secret signs every delivery."""
+
+    __tablename__ = "webhook_endpoints"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    url: Mapped[str] = mapped_column(Text)
+    # whsec_ + base64 key. Kept readable: every delivery is signed with it.
+    secret: Mapped[str] = mapped_column(String(100))
+    # Event types delivered; null means all.
+    event_types: Mapped[list[str] | None] = mapped_column(JSON)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class WebhookDelivery(Base):
+    """The outbox: one row per event and endpoint, written with the state change."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (Index("ix_webhook_deliveries_due", "state", "next_attempt_at"),)
+
+    # Also the webhook-id header: the same on every retry, so receivers can deduplicate.
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    endpoint_id: Mapped[str] = mapped_column(
+        ForeignKey("webhook_endpoints.id", ondelete="CASCADE"), index=True
+    )
+    event_type: Mapped[str] = mapped_column(String(32))
+    # The exact JSON body that is signed and sent.
+    payload: Mapped[str] = mapped_column(Text)
+    # pending -> delivered | failed (retry window over)
+    state: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Float)
+    next_attempt_at: Mapped[float] = mapped_column(Float)
+    # A sender holds the row until then; a sender killed mid-request leaves it to expire.
+    claimed_until: Mapped[float | None] = mapped_column(Float)
+    delivered_at: Mapped[float | None] = mapped_column(Float)
+    last_error: Mapped[str | None] = mapped_column(Text)

@@ -50,6 +50,9 @@ def get_engine(url: str | None = None) -> Engine:
 
 @lru_cache
 def get_sessionmaker(url: str | None = None) -> sessionmaker[Session]:
+    # Every session writes the webhook outbox with terminal statuses, whoever imported what.
+    from batchwright.webhooks import outbox  # noqa: F401
+
     return sessionmaker(get_engine(url), expire_on_commit=False)
 
 

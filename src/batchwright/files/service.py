@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, or_, select
 from sqlalchemy.orm import Session
 
 from batchwright.db.base import new_id, now
 from batchwright.db.models import File, FileChunk
 from batchwright.db.pagination import page
 from batchwright.errors import InvalidRequest, NotFound
+from batchwright.files.expiry import is_expired
 from batchwright.protocol.batches import FileObject, ListObject
 
 UPLOAD_PURPOSES = {"batch"}
@@ -31,7 +32,11 @@ def new_file(session: Session, project_id: str, filename: str, purpose: str) -> 
 
 def check_purpose(purpose: str | None) -> str:
     if not purpose:
-        raise InvalidRequest("Missing required parameter: 'purpose'.", param="purpose")
+        raise InvalidRequest(
+            "Missing required parameter: 'purpose'.",
+            param="purpose",
+            code="missing_required_parameter",
+        )
     if purpose not in UPLOAD_PURPOSES:
         raise InvalidRequest(
             f"Invalid value for 'purpose': {purpose[:64]!r}. batchwright accepts only 'batch'.",
@@ -43,7 +48,8 @@ def check_purpose(purpose: str | None) -> str:
 
 def get_file(session: Session, project_id: str, file_id: str) -> File:
     file = session.get(File, file_id)
-    if file is None or file.project_id != project_id:
+    # An expired file is gone for clients at once, before the purge removes its content.
+    if file is None or file.project_id != project_id or is_expired(file):
         raise NotFound(f"No such File object: {file_id[:64]}", param="file_id")
     return file
 
@@ -57,7 +63,9 @@ def list_files(
     order: str,
     purpose: str | None,
 ) -> ListObject[FileObject]:
-    query = select(File).where(File.project_id == project_id)
+    query = select(File).where(
+        File.project_id == project_id, or_(File.expires_at.is_(None), File.expires_at > now())
+    )
     if purpose:
         query = query.where(File.purpose == purpose)
     cursor = get_file(session, project_id, after) if after else None

@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from batchwright.config import Settings
 from batchwright.db.models import File
 from batchwright.errors import InvalidRequest, PayloadTooLarge
+from batchwright.files.expiry import apply_upload_expiry
 from batchwright.files.service import check_purpose, new_file
 from batchwright.files.storage import ChunkWriter
 
@@ -171,8 +172,13 @@ async def receive_upload(
             "Malformed multipart body: it ends before the closing boundary.", param="file"
         )
     if collector.file_name is None:
-        raise InvalidRequest("Missing required parameter: 'file'.", param="file")
+        raise InvalidRequest(
+            "Missing required parameter: 'file'.", param="file", code="missing_required_parameter"
+        )
     check_purpose(collector.fields.get("purpose"))
+    if collector.file_bytes == 0:
+        raise InvalidRequest("The uploaded file is empty.", param="file", code="empty_file")
     await run_in_threadpool(drain)
     assert writer is not None
+    apply_upload_expiry(writer.file, collector.fields, settings)
     return await run_in_threadpool(writer.close)

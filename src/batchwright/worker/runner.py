@@ -16,7 +16,9 @@ from batchwright.batches import lifecycle, redrive
 from batchwright.config import Settings, get_settings
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.db.session import session_scope
+from batchwright.files import purge
 from batchwright.registry import ModelSpec, Registry, load_registry
+from batchwright.webhooks import outbox
 from batchwright.worker import budget, metrics, pipeline, routing
 from batchwright.worker.claims import Lease, is_out_of_memory
 from batchwright.worker.dispatch import FINALIZE, PROCESS, VALIDATE, get_dispatcher
@@ -170,4 +172,6 @@ def sweep() -> dict[str, int]:
     with session_scope() as session:
         for model in models:  # workers of the model with nothing in flight
             routing.wake(session, model, idle_only=True)
+    purge.kick(dispatcher)
+    outbox.resend_due(dispatcher)
     return stats

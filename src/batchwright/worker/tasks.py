@@ -7,6 +7,8 @@ from typing import Any
 from celery.signals import worker_shutting_down
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from batchwright.files import purge
+from batchwright.webhooks import delivery
 from batchwright.worker import runner
 from batchwright.worker.celery_app import celery_app
 
@@ -43,3 +45,20 @@ def finalize_batch(batch_id: str) -> None:
 @celery_app.task(name="batchwright.sweep", **RETRY)
 def sweep() -> None:
     runner.sweep()
+
+
+@celery_app.task(name="batchwright.purge_files", **RETRY)
+def purge_files() -> None:
+    if purge.purge()[2]:
+        purge_files.delay()
+
+
+# Short waits are scheduled here; long ones (and lost messages) are left to the sweeper.
+SHORT_RETRY_SECONDS = 300
+
+
+@celery_app.task(name="batchwright.deliver_webhook", **RETRY)
+def deliver_webhook(delivery_id: str) -> None:
+    retry_in = delivery.deliver(delivery_id)
+    if retry_in is not None and retry_in <= SHORT_RETRY_SECONDS:
+        deliver_webhook.apply_async((delivery_id,), countdown=retry_in)

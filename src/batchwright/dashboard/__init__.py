@@ -1,0 +1,1 @@
+"""A small web dashboard served by the API: server-rendered pages behind the API keys."""

@@ -1,0 +1,75 @@
+"""`batchwright webhooks add|list|remove`: a project's webhook endpoints."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from batchwright.errors import APIError
+
+webhooks = typer.Typer(help="Webhook endpoints of a project.", no_args_is_help=True)
+err = Console(stderr=True)
+
+
+def _fail(exc: APIError) -> None:
+    err.print(f"[red]error:[/red] {exc.message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+@webhooks.command("add")
+def add(
+    url: Annotated[str, typer.Argument(help="Where events are POSTed.")],
+    project: Annotated[str, typer.Option(help="Project name (created if new).")] = "default",
+    event: Annotated[
+        list[str] | None,
+        typer.Option(help="Event type to send (repeatable); default: all batch events."),
+    ] = None,
+) -> None:
+    """Add an endpoint; its signing secret (whsec_...) is printed once, on stdout."""
+    from batchwright.config import get_settings
+    from batchwright.db.session import session_scope
+    from batchwright.webhooks.service import add_endpoint
+
+    try:
+        with session_scope() as session:
+            endpoint = add_endpoint(session, project, url, get_settings(), event)
+            endpoint_id, secret = endpoint.id, endpoint.secret
+    except APIError as exc:
+        _fail(exc)
+        return
+    err.print(f"endpoint id: {endpoint_id} (the secret below is not shown again)", highlight=False)
+    sys.stdout.write(secret + "\n")
+
+
+@webhooks.command("list")
+def list_(
+    project: Annotated[str | None, typer.Option(help="Only this project.")] = None,
+) -> None:
+    """List endpoints (secrets are never shown again)."""
+    from batchwright.db.session import session_scope
+    from batchwright.webhooks.service import list_endpoints
+
+    table = Table("id", "project", "url", "events", "created_at")
+    with session_scope() as session:
+        for endpoint, project_name in list_endpoints(session, project):
+            events = ", ".join(endpoint.event_types) if endpoint.event_types else "all"
+            table.add_row(endpoint.id, project_name, endpoint.url, events, str(endpoint.created_at))
+    Console(width=200).print(table)
+
+
+@webhooks.command("remove")
+def remove(endpoint_id: str) -> None:
+    """Remove an endpoint and its pending deliveries."""
+    from batchwright.db.session import session_scope
+    from batchwright.webhooks.service import remove_endpoint
+
+    try:
+        with session_scope() as session:
+            remove_endpoint(session, endpoint_id)
+    except APIError as exc:
+        _fail(exc)
+    err.print(f"removed {endpoint_id}", highlight=False)
