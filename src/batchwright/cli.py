@@ -10,11 +10,14 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from batchwright import client
+
 app = typer.Typer(help="Self-hosted, OpenAI-compatible batch inference.", no_args_is_help=True)
 keys = typer.Typer(help="Create and revoke API keys.", no_args_is_help=True)
 db = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(keys, name="keys")
 app.add_typer(db, name="db")
+client.register(app, keys)
 console = Console()
 
 

@@ -84,7 +84,7 @@ class _Rates:
         return (done - d0) / span, (tokens - k0) / span
 
 
-def _eta(remaining: int, per_second: float) -> str:
+def eta_text(remaining: int, per_second: float) -> str:
     if per_second <= 0:
         return "--:--"
     seconds = int(remaining / per_second)
@@ -134,5 +134,5 @@ class RunView:
             completed=done,
             failed=failed,
             rate=f"{per_token:,.0f}" if per_token else "-",
-            eta=_eta((total or 0) - done, per_line),
+            eta=eta_text((total or 0) - done, per_line),
         )
