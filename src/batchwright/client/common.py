@@ -122,14 +122,24 @@ def print_json(data: BaseModel | Sequence[BaseModel] | dict[str, Any]) -> None:
 def table(
     columns: Sequence[str], rows: Iterable[Sequence[object]], title: str | None = None
 ) -> None:
-    t = Table(*columns, title=title)
-    for row in rows:
-        t.add_row(*("-" if v is None else str(v) for v in row))
+    cells = [["-" if v is None else str(v) for v in row] for row in rows]
+    t = Table(title=title)
+    for i, name in enumerate(columns):
+        # Ids are for copying: never cut or folded, the other columns give way.
+        widest = max((len(row[i]) for row in cells), default=0)
+        if i == 0:
+            t.add_column(name, no_wrap=True, min_width=max(widest, len(name)))
+        else:
+            t.add_column(name, overflow="fold")
+    for row in cells:
+        t.add_row(*row)
     out.print(t)
 
 
 def fields(pairs: Iterable[tuple[str, object]], title: str | None = None) -> None:
     t = Table(show_header=False, title=title)
+    t.add_column(no_wrap=True)
+    t.add_column(overflow="fold")
     for name, value in pairs:
         t.add_row(name, "-" if value is None else str(value))
     out.print(t)

@@ -33,7 +33,7 @@ def run_command(
     if quiet:
         os.environ.update(QUIET_ENV)
     out = Console(highlight=False)
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
     interrupt = Interrupt()
     interrupt.install(
         on_second=lambda: print("stopped at once; the saved state is kept", file=sys.stderr)
