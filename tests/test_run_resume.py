@@ -75,7 +75,7 @@ def _saved_completions(database: Path) -> dict[str, str]:
 
 
 def _interrupt(
-    path: Path, env: dict[str, str], at_least: int, sig: int = signal.SIGINT
+    path: Path, env: dict[str, str], at_least: int, sig: int = signal.SIGINT, times: int = 1
 ) -> tuple[int, str]:
     database = RunState(Path(env["BATCHWRIGHT_HOME"]), path).database
     proc = subprocess.Popen(_cmd(path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -85,8 +85,15 @@ def _interrupt(
         assert time.monotonic() < deadline, "no progress in the state database"
         time.sleep(0.1)
     proc.send_signal(sig)
+    seen = b""
+    if times == 2:
+        # Signals of one kind coalesce while pending: the second goes once the first is seen.
+        assert proc.stderr is not None
+        while b"stopping" not in seen and proc.poll() is None:
+            seen += proc.stderr.readline()
+        proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    return proc.returncode, err.decode()
+    return proc.returncode, (seen + err).decode()
 
 
 def _output(path: Path) -> list[dict[str, object]]:
@@ -129,6 +136,25 @@ def test_interrupted_run_continues_where_it_stopped(bw_home: Path, tmp_path: Pat
     assert all(by_id[cid] == completion for cid, completion in saved.items())
     assert not state.dir.exists()  # removed after success
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_second_ctrl_c_exits_at_once_and_state_stays_consistent(
+    bw_home: Path, tmp_path: Path
+) -> None:
+    env = _env(bw_home, tmp_path / "tmp")
+    src = tmp_path / "twice.jsonl"
+    src.write_text(_lines(300, "t"))
+    code, err = _interrupt(src, env, at_least=32, times=2)
+    assert code == 130, err
+    assert "terminate called" not in err and "Traceback" not in err
+    # The second signal exits at once unless the first stop (tens of ms) won the race.
+    assert "stopped at once" in err or "run the same command again to continue" in err
+    again = _run(src, env)
+    assert again.returncode == 0, again.stderr
+    assert "continuing:" in again.stderr
+    out = _output(tmp_path / "twice.output.jsonl")
+    assert [o["custom_id"] for o in out] == [f"t{i}" for i in range(300)]
+    assert not (tmp_path / "twice.errors.jsonl").exists()
 
 
 def test_changed_input_starts_over_and_state_options(bw_home: Path, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
-from sqlalchemy import func, select, update
+from sqlalchemy import case, func, select, update
 
 from batchwright.auth.service import get_or_create_project
 from batchwright.batches import service
@@ -79,9 +79,11 @@ class _Worker:
         self.dispatcher, self.counts, self.interrupt = dispatcher, counts, interrupt
         self.note = note
         self.failures: list[BaseException] = []
-        self.batch_id = ""
 
     def engine(self, spec: ModelSpec) -> Engine:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # ours says it all
         if _needs_build(spec):
             self.note("building the demo model and the attention kernel, once, about 20 s")
         engine = runner.engine_for(spec)
@@ -105,9 +107,6 @@ class _Worker:
             self.failures.append(exc)
 
     def _drain(self) -> None:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # ours says it all
         tasks: dict[str, Callable[..., object]] = {
             VALIDATE: self.validate,
             PROCESS: functools.partial(runner.process, engine_provider=self.engine),
@@ -192,7 +191,7 @@ def _resume(batch_id: str, settings: Settings, dispatcher: InlineDispatcher) -> 
                 state="queued",
                 lease_token=None,
                 lease_expires_at=None,
-                attempts=func.max(BatchRequest.attempts - 1, 0),
+                attempts=case((BatchRequest.attempts > 0, BatchRequest.attempts - 1), else_=0),
             )
         )
         if batch.status not in ("completed", "failed", "cancelled", "expired"):
