@@ -8,18 +8,13 @@ the same command continues from it.
 
 from __future__ import annotations
 
-import functools
-import glob
-import os
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.console import Console
-from sqlalchemy import case, func, select, update
+from sqlalchemy import case, select, update
 
 from batchwright.auth.service import get_or_create_project
 from batchwright.batches import service
@@ -31,22 +26,16 @@ from batchwright.db.session import session_scope
 from batchwright.files.service import new_file
 from batchwright.files.storage import ChunkWriter
 from batchwright.protocol.batches import BatchObject, CreateBatch
-from batchwright.registry import ModelSpec
 from batchwright.runs.interrupt import Interrupt
 from batchwright.runs.outputs import default_paths, export
-from batchwright.runs.progress import LiveCounts, RunView, counting
+from batchwright.runs.progress import LiveCounts, RunView
 from batchwright.runs.state import READ_BYTES, RunState, inspect_input
-from batchwright.worker import runner
+from batchwright.runs.worker import InlineWorker, finished
 from batchwright.worker.dispatch import (
-    FINALIZE,
-    PROCESS,
     VALIDATE,
     InlineDispatcher,
     set_dispatcher,
 )
-
-if TYPE_CHECKING:
-    from batchwright.engine.runtime import Engine
 
 POLL_SECONDS = 0.1
 # The database is read this often for the status; counts come from the worker thread.
@@ -64,93 +53,6 @@ class RunInterrupted(Exception):
     def __init__(self, code: int, done: int, total: int) -> None:
         super().__init__(f"interrupted at {done} of {total} lines")
         self.code, self.done, self.total = code, done, total
-
-
-class _Worker:
-    """The in-process worker: drains the inline queue with the runner's own task functions."""
-
-    def __init__(
-        self,
-        dispatcher: InlineDispatcher,
-        counts: LiveCounts,
-        interrupt: Interrupt,
-        note: Callable[[str], None],
-    ) -> None:
-        self.dispatcher, self.counts, self.interrupt = dispatcher, counts, interrupt
-        self.note = note
-        self.failures: list[BaseException] = []
-
-    def engine(self, spec: ModelSpec) -> Engine:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # ours says it all
-        if _needs_build(spec):
-            self.note("building the demo model and the attention kernel, once, about 20 s")
-        engine = runner.engine_for(spec)
-        if not getattr(engine, "_bw_embedded", False):
-            # Observers only: results are counted for the progress line, and an interrupt
-            # parks the thread at the next forward pass (runs/interrupt.py).
-            engine.lm.model.register_forward_pre_hook(self.interrupt.park_hook)
-            setattr(engine, "run", counting(engine.run, self.counts))  # noqa: B010
-            setattr(engine, "_bw_embedded", True)  # noqa: B010
-        return engine
-
-    def validate(self, batch_id: str) -> None:
-        runner.validate_batch(batch_id)
-        # Lines rejected by validation count as failed before any generation starts.
-        self.counts.rebase(*finished(batch_id))
-
-    def run(self) -> None:
-        try:
-            self._drain()
-        except BaseException as exc:  # surfaced by run_file in the main thread
-            self.failures.append(exc)
-
-    def _drain(self) -> None:
-        tasks: dict[str, Callable[..., object]] = {
-            VALIDATE: self.validate,
-            PROCESS: functools.partial(runner.process, engine_provider=self.engine),
-            FINALIZE: runner.finalize_batch,
-        }
-        queue = self.dispatcher.queue
-        while queue:
-            name, args = queue.popleft()
-            tasks[name](*args)
-        # Whatever a crash or a lost wake-up left behind, the sweeper's pass picks up.
-        runner.sweep()
-        while queue:
-            name, args = queue.popleft()
-            tasks[name](*args)
-
-
-def finished(batch_id: str) -> tuple[int, int]:
-    """(lines done, lines failed) as the database holds them."""
-    with session_scope() as session:
-        states = dict(
-            session.execute(
-                select(BatchRequest.state, func.count())
-                .where(BatchRequest.batch_id == batch_id)
-                .group_by(BatchRequest.state)
-            ).all()
-        )
-    failed = int(states.get("failed", 0))
-    return int(states.get("succeeded", 0)) + failed, failed
-
-
-def _needs_build(spec: ModelSpec) -> bool:
-    """Whether loading `spec` builds the demo model or the attention kernel first."""
-    if spec.name in runner._engines:
-        return False
-    if spec.name == "demo" and not (Path(spec.path) / "config.json").exists():
-        return True
-    if not spec.native_attention:
-        return False
-    from torch.utils.cpp_extension import get_default_build_root
-
-    # torch builds under TORCH_EXTENSIONS_DIR, else a per-Python/device folder of its root.
-    env_root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    root = env_root or f"{get_default_build_root()}/*"
-    return not glob.glob(f"{root}/batchwright_decode_attention_*/*.so")
 
 
 def _start(state: RunState, input_path: Path, sha256: str, settings: Settings) -> str:
@@ -280,7 +182,7 @@ class _Run:
         counts = LiveCounts()
         counts.rebase(*finished(batch_id))
         with RunView(self.console, enabled=self.options.show_progress) as view:
-            worker = _Worker(dispatcher, counts, self.interrupt, view.note)
+            worker = InlineWorker(dispatcher, counts, self.interrupt, view.note)
             thread = threading.Thread(target=worker.run, name="embedded-worker", daemon=True)
             thread.start()
             _watch(thread, batch_id, view, counts, self.interrupt)
