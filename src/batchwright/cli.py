@@ -9,9 +9,9 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
-from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
+from batchwright import client
 from batchwright.errors import NotFound
 from batchwright.projects_cli import projects
 from batchwright.webhooks.cli import webhooks as webhooks_cli
@@ -23,6 +23,7 @@ app.add_typer(keys, name="keys")
 app.add_typer(db, name="db")
 app.add_typer(projects, name="projects")
 app.add_typer(webhooks_cli, name="webhooks")
+client.register(app, keys)
 console = Console()
 
 
@@ -40,30 +41,21 @@ def _check_registry() -> None:
 @app.command()
 def run(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True)],
-    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    output: Annotated[Path | None, typer.Option(help="Default: FILE.output.jsonl.")] = None,
+    errors: Annotated[Path | None, typer.Option(help="Default: FILE.errors.jsonl.")] = None,
+    keep_state: Annotated[bool, typer.Option(help="Keep the saved state after success.")] = False,
+    restart: Annotated[bool, typer.Option(help="Discard saved state; start over.")] = False,
+    quiet: Annotated[bool, typer.Option(help="No progress bars, ours or others'.")] = False,
 ) -> None:
-    """Run a batch JSONL file on this machine (SQLite + in-process worker, no servers)."""
-    from batchwright.embedded import run_file
+    """Run a batch JSONL file on this machine (SQLite + in-process worker, no servers).
 
-    result = run_file(file, show_progress=not quiet)
-    batch = result.batch
-    table = Table(title=f"{batch.id} — {batch.status}", show_header=False)
-    counts, usage = batch.request_counts, batch.usage
-    table.add_row("model", str(batch.model))
-    table.add_row(
-        "requests", f"{counts.total} total, {counts.completed} completed, {counts.failed} failed"
+    Ctrl-C stops it; the same command continues where it stopped (state under
+    BATCHWRIGHT_HOME/runs)."""
+    from batchwright.runs.command import run_command
+
+    run_command(
+        file, output=output, errors=errors, keep_state=keep_state, restart=restart, quiet=quiet
     )
-    table.add_row(
-        "usage",
-        f"{usage.input_tokens} input + {usage.output_tokens} output = {usage.total_tokens} tokens",
-    )
-    table.add_row("output", str(result.output_path or "-"))
-    table.add_row("errors", str(result.error_path or "-"))
-    console.print(table)
-    for err in (batch.errors.data if batch.errors else [])[:20]:
-        console.print(f"[red]line {err.line}[/red] {err.code}: {err.message}")
-    if batch.status != "completed":
-        raise typer.Exit(1)
 
 
 @app.command()

@@ -1,0 +1,1 @@
+"""`batchwright run`: resumable embedded runs, their progress and their report."""

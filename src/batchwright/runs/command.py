@@ -1,0 +1,61 @@
+"""`batchwright run FILE.jsonl`: options, messages and exit codes around embedded.run_file."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from batchwright.runs.interrupt import Interrupt
+from batchwright.runs.state import InputProblem, StateBusy
+
+# Third-party progress bars (transformers, huggingface_hub, tqdm) under --quiet.
+QUIET_ENV = {
+    "TQDM_DISABLE": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+}
+
+
+def run_command(
+    file: Path,
+    *,
+    output: Path | None,
+    errors: Path | None,
+    keep_state: bool,
+    restart: bool,
+    quiet: bool,
+) -> None:
+    if quiet:
+        os.environ.update(QUIET_ENV)
+    out = Console(highlight=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    interrupt = Interrupt()
+    interrupt.install(
+        on_second=lambda: print("stopped at once; the saved state is kept", file=sys.stderr)
+    )
+    from batchwright.embedded import RunInterrupted, RunOptions, run_file
+    from batchwright.runs.report import print_report
+
+    options = RunOptions(output, errors, keep_state, restart, show_progress=not quiet)
+    try:
+        result = run_file(file, options, console=err, interrupt=interrupt)
+    except RunInterrupted as exc:
+        err.print(
+            f"interrupted at {exc.done} of {exc.total} lines; "
+            "run the same command again to continue"
+        )
+        interrupt.exit_now(exc.code)
+        raise  # not reached
+    except (InputProblem, StateBusy) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    finally:
+        interrupt.uninstall()
+    print_report(out, result.batch, result.output_path, result.error_path)
+    if result.batch.status != "completed":
+        raise typer.Exit(1)

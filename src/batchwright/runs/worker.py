@@ -1,0 +1,94 @@
+"""The in-process worker of `batchwright run`: the inline queue drained in a thread with
+the runner's own task functions (the same ones Celery calls in the service)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from sqlalchemy import func, select
+
+from batchwright.db.models import BatchRequest
+from batchwright.db.session import session_scope
+from batchwright.registry import ModelSpec
+from batchwright.runs.builds import first_use_builds
+from batchwright.runs.interrupt import Interrupt
+from batchwright.runs.progress import LiveCounts, counting
+from batchwright.worker import runner
+from batchwright.worker.dispatch import FINALIZE, PROCESS, VALIDATE, InlineDispatcher
+
+if TYPE_CHECKING:
+    from batchwright.engine.runtime import Engine
+
+
+class InlineWorker:
+    """The in-process worker: drains the inline queue with the runner's own task functions."""
+
+    def __init__(
+        self,
+        dispatcher: InlineDispatcher,
+        counts: LiveCounts,
+        interrupt: Interrupt,
+        note: Callable[[str], None],
+    ) -> None:
+        self.dispatcher, self.counts, self.interrupt = dispatcher, counts, interrupt
+        self.note = note
+        self.failures: list[BaseException] = []
+
+    def engine(self, spec: ModelSpec) -> Engine:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # ours says it all
+        builds = [] if spec.name in runner._engines else first_use_builds(spec)
+        if builds:
+            self.note(f"building {' and '.join(builds)}, once, about 20 s")
+        engine = runner.engine_for(spec)
+        if not getattr(engine, "_bw_embedded", False):
+            # Observers only: results are counted for the progress line, and an interrupt
+            # parks the thread at the next forward pass (runs/interrupt.py).
+            engine.lm.model.register_forward_pre_hook(self.interrupt.park_hook)
+            setattr(engine, "run", counting(engine.run, self.counts))  # noqa: B010
+            setattr(engine, "_bw_embedded", True)  # noqa: B010
+        return engine
+
+    def validate(self, batch_id: str) -> None:
+        runner.validate_batch(batch_id)
+        # Lines rejected by validation count as failed before any generation starts.
+        self.counts.rebase(*finished(batch_id))
+
+    def run(self) -> None:
+        try:
+            self._drain()
+        except BaseException as exc:  # surfaced by run_file in the main thread
+            self.failures.append(exc)
+
+    def _drain(self) -> None:
+        tasks: dict[str, Callable[..., object]] = {
+            VALIDATE: self.validate,
+            PROCESS: functools.partial(runner.process, engine_provider=self.engine),
+            FINALIZE: runner.finalize_batch,
+        }
+        queue = self.dispatcher.queue
+        while queue:
+            name, args = queue.popleft()
+            tasks[name](*args)
+        # Whatever a crash or a lost wake-up left behind, the sweeper's pass picks up.
+        runner.sweep()
+        while queue:
+            name, args = queue.popleft()
+            tasks[name](*args)
+
+
+def finished(batch_id: str) -> tuple[int, int]:
+    """(lines done, lines failed) as the database holds them."""
+    with session_scope() as session:
+        states = dict(
+            session.execute(
+                select(BatchRequest.state, func.count())
+                .where(BatchRequest.batch_id == batch_id)
+                .group_by(BatchRequest.state)
+            ).all()
+        )
+    failed = int(states.get("failed", 0))
+    return int(states.get("succeeded", 0)) + failed, failed
