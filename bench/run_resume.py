@@ -125,8 +125,9 @@ def main() -> None:
     t_again, done = timed(part, env)
     assert done.returncode == 0, done.stderr[-2000:]
     c_again = cpu_seconds() - cpu
+    wall, cpu_ratio = t_again / t_full, c_again / c_full
     print(f"run again:         {t_again:7.1f} s wall {c_again:7.1f} s CPU  = "
-          f"{t_again / t_full:.2f} x the full run's wall time, {c_again / c_full:.2f} x its CPU")  # fmt: skip
+          f"{wall:.2f} x the full run's wall time, {cpu_ratio:.2f} x its CPU")  # fmt: skip
 
     a = outputs(full.with_name("full.output.jsonl"))
     b = outputs(part.with_name("part.output.jsonl"))
