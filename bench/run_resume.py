@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import sqlite3
 import subprocess
@@ -38,6 +39,13 @@ def write_input(path: Path, lines: int, max_tokens: int) -> None:
 
 def command(path: Path) -> list[str]:
     return [sys.executable, "-m", "batchwright.cli", "run", str(path), "--quiet"]
+
+
+def cpu_seconds() -> float:
+    """CPU time of the finished children so far: on a shared machine wall time mostly
+    measures the neighbours, CPU time the run."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def timed(path: Path, env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess[str]]:
@@ -101,18 +109,25 @@ def main() -> None:
     cores = os.cpu_count()
     print(f"{args.lines} lines, max_tokens {args.max_tokens}, demo model, CPU, {cores} cores")
 
+    cpu = cpu_seconds()
     t_full, done = timed(full, env)
     assert done.returncode == 0, done.stderr[-2000:]
-    print(f"full run:          {t_full:7.1f} s")
+    c_full, cpu = cpu_seconds() - cpu, cpu_seconds()
+    print(f"full run:          {t_full:7.1f} s wall {c_full:7.1f} s CPU")
 
     t_first, code, err, stop_ms = interrupted(part, env, int(args.lines * args.at))
+    c_first, cpu = cpu_seconds() - cpu, cpu_seconds()
     message = [ln for ln in err.splitlines() if ln.startswith("interrupted")]
-    print(f"interrupted run:   {t_first:7.1f} s  exit {code}, stopped {stop_ms} ms after SIGINT")
+    print(f"interrupted run:   {t_first:7.1f} s wall {c_first:7.1f} s CPU  exit {code}, "
+          f"stopped {stop_ms} ms after SIGINT")  # fmt: skip
     print(f"  {message[0] if message else err[-500:]}")
 
     t_again, done = timed(part, env)
     assert done.returncode == 0, done.stderr[-2000:]
-    print(f"run again:         {t_again:7.1f} s  = {t_again / t_full:.2f} x the full run")
+    c_again = cpu_seconds() - cpu
+    wall, cpu_ratio = t_again / t_full, c_again / c_full
+    print(f"run again:         {t_again:7.1f} s wall {c_again:7.1f} s CPU  = "
+          f"{wall:.2f} x the full run's wall time, {cpu_ratio:.2f} x its CPU")  # fmt: skip
 
     a = outputs(full.with_name("full.output.jsonl"))
     b = outputs(part.with_name("part.output.jsonl"))

@@ -226,7 +226,7 @@ def check_completion_body(
         return None, _error("The request body must be a JSON object.", None, "invalid_body")
     for key in body:
         if key not in KNOWN_PARAMS:
-            return None, _error(f"Unrecognized request argument supplied: {show(key)}", key[:64])
+            return None, _error(f"Unrecognized request argument supplied: {key[:64]}", key[:64])
     try:
         req = CompletionRequest.model_validate(body)
     except ValidationError as exc:
