@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from functools import lru_cache
 from typing import Any
 
@@ -11,6 +12,7 @@ import torch
 from batchwright.engine.attention import Step, planned
 from batchwright.engine.jobs import Job, PromptScores, prepare
 from batchwright.engine.loader import LoadedModel, load_model
+from batchwright.engine.paged import PagedCache, block_size_for, pool_blocks
 from batchwright.engine.result import build_result
 from batchwright.engine.types import GenRequest, GenResult
 from batchwright.registry import ModelSpec
@@ -70,10 +72,57 @@ class Engine:
             tok=self.token_text,
         )
 
-    def run(self, requests: Iterable[GenRequest]) -> Iterator[GenResult]:
+    def run(
+        self,
+        requests: Iterable[GenRequest],
+        cancelled: Callable[[], AbstractSet[Any]] | None = None,
+    ) -> Iterator[GenResult]:
+        """Results as requests complete. `cancelled`, called at most once per step, returns
+        request keys to drop at once (running or waiting); no result comes for them."""
         from batchwright.engine.scheduler import Scheduler
 
-        return Scheduler(self).run(requests)
+        return Scheduler(self).run(requests, cancelled)
+
+    # --- cache ---------------------------------------------------------------------------
+
+    @property
+    def attention_backend(self) -> str:
+        """How attention reads the paged cache (attention.py): varlen, native, reference."""
+        lm = self.lm
+        if lm.native_attention:
+            return "native"
+        if self.lm.device.type == "cuda" and lm.dtype in (torch.float16, torch.bfloat16):
+            return "varlen"
+        return "reference"
+
+    def new_cache(self) -> PagedCache:
+        cfg = self.lm.model.config.get_text_config()
+        heads = int(cfg.num_attention_heads)
+        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        layers = int(cfg.num_hidden_layers)
+        device = self.lm.device
+        bs = block_size_for(device)
+        token_bytes = 2 * layers * kv_heads * head_dim * self.lm.dtype.itemsize
+        blocks = pool_blocks(
+            kv_tokens=self.spec.kv_tokens,
+            max_rows=self.max_rows,
+            context_length=self.lm.context_length,
+            block_size=bs,
+            token_bytes=token_bytes,
+            device=device,
+        )
+        return PagedCache(
+            layers=layers,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            dtype=self.lm.dtype,
+            device=device,
+            block_size=bs,
+            num_blocks=blocks,
+            max_rows=self.max_rows,
+            context_length=self.lm.context_length,
+        )
 
     # --- model ---------------------------------------------------------------------------
 
@@ -89,17 +138,19 @@ class Engine:
         return logits
 
     def forward_step(
-        self, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, plan: Step
+        self, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor | None, plan: Step
     ) -> torch.Tensor:
         """One packed row through the model under `plan` (needs `lm.varlen`); logits
-        [len(keep), vocab] at the positions `keep`."""
+        [len(keep), vocab] at the positions `keep` (None: every position)."""
         kwargs: dict[str, Any] = {"use_cache": False}
         if self.lm.has_logits_to_keep:
-            kwargs["logits_to_keep"] = keep
+            kwargs["logits_to_keep"] = 0 if keep is None else keep
         with planned(plan):
             out = self.lm.model(input_ids=ids[None], position_ids=positions[None], **kwargs)
         logits: torch.Tensor = out.logits[0]
-        return logits if self.lm.has_logits_to_keep else logits.index_select(0, keep)
+        if keep is None or self.lm.has_logits_to_keep:
+            return logits
+        return logits.index_select(0, keep)
 
     @torch.inference_mode()
     def score_prompt(self, ids: list[int], k: int) -> PromptScores:
