@@ -39,7 +39,9 @@ each step.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -54,13 +56,31 @@ _BINS = 64
 _PER_NAT = 8
 # Uniforms held per slot on the device; a slot's ring is topped up every _RING/2 steps.
 _RING = 64
+# Uniforms are kept below 1 by this much so u * total stays below total in float32.
+_BELOW_ONE = 1.0 - 2.0**-23
 
 
-def _blocks(vocab: int) -> tuple[int, int]:
-    """Vocabulary block size and count: the (block, bin) table stays about vocab / 8."""
+class Tables(NamedTuple):
+    """Constant index tables of one vocabulary (built once per Sampler)."""
+
+    cells: torch.Tensor  # [vocab] long: first cell of each token's block in the table
+    block_ids: torch.Tensor  # [blocks, block] long: token ids per block (padded with vocab-1)
+    block_valid: torch.Tensor  # [blocks, block] float: 1 for real ids, 0 for padding
+    bins: torch.Tensor  # [1, _BINS] long: 0 .. _BINS-1
+
+
+def make_tables(vocab: int, device: torch.device) -> Tables:
+    # Blocks are sized so the (block, bin) table is about vocab / 8 cells per row.
     n = max(1, min(vocab // (8 * _BINS), 256))
     size = -(-vocab // n)
-    return size, -(-vocab // size)
+    blocks = -(-vocab // size)
+    ids = torch.arange(blocks * size, device=device).view(blocks, size)
+    return Tables(
+        cells=torch.arange(vocab, device=device) // size * _BINS,
+        block_ids=ids.clamp(max=vocab - 1),
+        block_valid=(ids < vocab).float(),
+        bins=torch.arange(_BINS, device=device)[None, :],
+    )
 
 
 def sample_step(
@@ -74,95 +94,62 @@ def sample_step(
     frequency: torch.Tensor,
     ring: torch.Tensor,
     cursor: torch.Tensor,
+    tables: Tables,
     k_top: int,
-    block: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row. Every tensor but `logits` has one row per row of `logits`;
-    `counts`/`offset`/`cursor` are updated in place (they may be views of the state).
-    Returns (packed [B, 2 + 2 k_top] float32, tokens [B] long)."""
+) -> torch.Tensor:
+    """One token per row; returns the packed [B, 2 + 2 k_top] float32 result.
+
+    Every per-row tensor has one row per row of `logits`; `top_p` is inf for rows that
+    keep the whole distribution; `counts`, `offset` and `cursor` are updated in place (they
+    may be views of the sampler's state)."""
     x = logits.float()
-    rows, vocab = x.shape
     lse = torch.logsumexp(x, dim=-1, keepdim=True)
     top_vals, top_ids = x.topk(k_top, dim=-1)
     # Penalties and bias, then temperature (in place on the adjusted copy).
     z = x + offset
     z.mul_(inv_t[:, None])
-    cand, cand_ids = z.topk(min(_CANDIDATES, vocab), dim=-1)
+    cand, cand_ids = z.topk(min(_CANDIDATES, z.shape[1]), dim=-1)
     zmax = cand[:, :1]
+    # Unnormalised probabilities are exp(z - zmax); their sum is exp(lse(z) - zmax).
+    target = top_p[:, None] * torch.exp(torch.logsumexp(z, dim=-1, keepdim=True) - zmax)
     pc = torch.exp(cand - zmax)
     cmass = pc.cumsum(dim=-1)
-    # Mass of every token, per (block, bin); bins count nats below the C-th candidate.
+    # A narrow nucleus ends among the candidates: its last token is exact (ties stay).
+    narrow = cmass[:, -1:] >= target
+    kept = ((cmass - pc) < target).sum(dim=-1, keepdim=True).clamp_(min=1)
+    floor = torch.where(narrow, cand.gather(1, kept - 1), cand[:, -1:])
+    # Mass per (vocabulary block, bin); bin d holds tokens d/_PER_NAT nats below `floor`
+    # (bin 0: at or above it; the last bin: everything further down).
     p = torch.exp(z - zmax)
-    depth = ((cand[:, -1:] - z) * _PER_NAT).ceil_().clamp_(0, _BINS - 1)
-    ids = torch.arange(vocab, device=x.device)
-    cell = (ids // block * _BINS)[None, :] + depth.long()
-    nblocks = -(-vocab // block)
-    table = p.new_zeros(rows, nblocks * _BINS).scatter_add_(1, cell, p)
-    table = table.view(rows, nblocks, _BINS)
-    total = table.sum(dim=(1, 2))[:, None]
-    target = top_p[:, None] * total
-    # Narrow nucleus: the C candidates reach top_p; keep the smallest prefix that does.
-    narrow = (cmass[:, -1:] >= target) & (top_p[:, None] < 1.0)
-    kept_c = ((cmass - pc) < target) | (torch.arange(cand.shape[1], device=x.device) == 0)
-    u = ring.gather(1, cursor[:, None] % ring.shape[1])
-    tok_narrow = _draw_candidates(pc * kept_c, cand_ids, u, vocab)
-    # Everything else: bins kept while the mass before them is below top_p (all at 1).
+    depth = ((floor - z) * _PER_NAT).ceil_().clamp_(0, _BINS - 1)
+    table = p.new_zeros(p.shape[0], tables.block_ids.shape[0] * _BINS)
+    table.scatter_add_(1, tables.cells + depth.long(), p)
+    table = table.view(p.shape[0], -1, _BINS)
+    # Bins are kept while the mass above them is below top_p; a narrow nucleus is bin 0.
     bins = table.sum(dim=1)
-    before = bins.cumsum(dim=-1) - bins
-    edge = ((before < target) | (top_p[:, None] >= 1.0)).sum(dim=-1, keepdim=True) - 1
-    keep_bin = torch.arange(_BINS, device=x.device)[None, :] <= edge
-    blocks = (table * keep_bin[:, None, :]).sum(dim=-1)
-    tok_wide = _draw_blocks(z, zmax, blocks, edge, cand[:, -1:], u, block)
-    token = torch.where(narrow, tok_narrow, tok_wide)
+    above = bins.cumsum(dim=-1) - bins
+    edge = torch.where(narrow, 0, (above < target).sum(dim=-1, keepdim=True) - 1)
+    blocks = (table * (tables.bins <= edge)[:, None, :]).sum(dim=-1)
+    # Inverse CDF in vocabulary order: the block, then the token inside it.
+    u = ring.gather(1, (cursor % ring.shape[1])[:, None])
+    cdf = blocks.cumsum(dim=-1)
+    goal = u * cdf[:, -1:]
+    b = (cdf <= goal).sum(dim=-1)
+    goal = goal - (cdf - blocks).gather(1, b[:, None])
+    ids = tables.block_ids.index_select(0, b)
+    w = p.gather(1, ids) * (depth.gather(1, ids) <= edge) * tables.block_valid.index_select(0, b)
+    wc = w.cumsum(dim=-1)
+    # Rounding (block sums against this cumsum) must not push the draw past the block.
+    goal = torch.minimum(goal, wc[:, -1:] * _BELOW_ONE).clamp_(min=0.0)
+    token = ids.gather(1, (wc <= goal).sum(dim=-1, keepdim=True))
     token = torch.where(greedy[:, None], cand_ids[:, :1], token)
     chosen = x.gather(1, token) - lse
     # Penalties count the generated token: frequency each time, presence the first time.
     seen = counts.gather(1, token)
-    pen = frequency[:, None] + presence[:, None] * (seen == 0)
-    offset.scatter_add_(1, token, -pen)
+    offset.scatter_add_(1, token, -(frequency[:, None] + presence[:, None] * (seen == 0)))
     counts.scatter_add_(1, token, torch.ones_like(seen))
     cursor.add_(1)
-    packed = torch.cat([token.float(), chosen, top_ids.float(), top_vals - lse], dim=1)
-    return packed, token[:, 0]
-
-
-def _draw_candidates(
-    w: torch.Tensor, ids: torch.Tensor, u: torch.Tensor, vocab: int
-) -> torch.Tensor:
-    """Inverse CDF over the weighted candidates, taken in vocabulary order."""
-    order = torch.where(w > 0, ids, vocab).argsort(dim=-1)
-    w = w.gather(1, order)
-    cdf = w.cumsum(dim=-1)
-    k = (cdf <= u * cdf[:, -1:]).sum(dim=-1, keepdim=True)
-    last = (w > 0).sum(dim=-1, keepdim=True) - 1
-    return ids.gather(1, order.gather(1, torch.minimum(k, last)))
-
-
-def _draw_blocks(
-    z: torch.Tensor,
-    zmax: torch.Tensor,
-    blocks: torch.Tensor,
-    edge: torch.Tensor,
-    floor: torch.Tensor,
-    u: torch.Tensor,
-    block: int,
-) -> torch.Tensor:
-    """Inverse CDF in vocabulary order: pick the block, then the token inside it."""
-    vocab = z.shape[1]
-    cdf = blocks.cumsum(dim=-1)
-    goal = u * cdf[:, -1:]
-    nonzero = torch.arange(blocks.shape[1], device=z.device) * (blocks > 0)
-    b = torch.minimum((cdf <= goal).sum(dim=-1, keepdim=True), nonzero.amax(-1, keepdim=True))
-    goal = goal - (cdf.gather(1, b) - blocks.gather(1, b))
-    ids = b * block + torch.arange(block, device=z.device)[None, :]
-    valid = ids < vocab
-    zb = z.gather(1, ids.clamp(max=vocab - 1))
-    depth = ((floor - zb) * _PER_NAT).ceil().clamp(0, _BINS - 1)
-    w = torch.exp(zb - zmax) * ((depth <= edge) & valid)
-    wc = w.cumsum(dim=-1)
-    pos = torch.arange(block, device=z.device)[None, :]
-    k = torch.minimum((wc <= goal).sum(dim=-1, keepdim=True), (pos * (w > 0)).amax(-1, True))
-    return ids.gather(1, k)
+    return torch.cat([token.float(), chosen, top_ids.float(), top_vals - lse], dim=1)
 
 
 class Sampler:
@@ -181,7 +168,7 @@ class Sampler:
             raise ValueError("token ids must be exact in float32 (vocab below 2**24)")
         self.capacity, self.vocab, self.device = capacity, vocab, device
         self.k_top = max(1, min(max_logprobs, vocab))
-        self.block, _ = _blocks(vocab)
+        self.tables = make_tables(vocab, device)
 
         def zeros(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=device)
@@ -201,7 +188,7 @@ class Sampler:
         self._used = np.zeros(capacity, dtype=np.int64)
         self._sampled = np.zeros(capacity, dtype=bool)
         self._params: list[RowParams | None] = [None] * capacity
-        self._core: Callable[..., tuple[torch.Tensor, torch.Tensor]] = sample_step
+        self._core: Callable[..., torch.Tensor] = sample_step
         if compile:
             self._core = torch.compile(sample_step, fullgraph=True)
 
@@ -225,7 +212,7 @@ class Sampler:
             [
                 [
                     1.0 if g else 1.0 / p.temperature,
-                    p.top_p,
+                    p.top_p if p.top_p < 1.0 else math.inf,
                     p.presence_penalty,
                     p.frequency_penalty,
                 ]
@@ -280,13 +267,13 @@ class Sampler:
             n = logits.shape[0]
             self._ensure_uniforms(slice(0, n))
             state = [t[:n] for t in self._tensors()]
-            packed, _ = self._core(logits, *state, self.k_top, self.block)
+            packed = self._core(logits, *state, self.tables, self.k_top)
             self._used[:n] += 1
             return packed
         self._ensure_uniforms(list(rows))
         idx = self._index(rows)
         state = [t.index_select(0, idx) for t in self._tensors()]
-        packed, _ = self._core(logits, *state, self.k_top, self.block)
+        packed = self._core(logits, *state, self.tables, self.k_top)
         for t, new in zip(self._tensors(), state, strict=True):
             t[idx] = new
         self._used[list(rows)] += 1
@@ -346,5 +333,6 @@ class Sampler:
             need = _RING - int(self._drawn[s] - self._used[s])
             at = (self._drawn[s] + np.arange(need)) % _RING
             self._ring[s, at] = [params.rng.random() for _ in range(need)]
+            np.minimum(self._ring[s], _BELOW_ONE, out=self._ring[s])
             self._drawn[s] += need
         self.ring[self._index(slots)] = self._to_device(torch.from_numpy(self._ring[slots]))
