@@ -1,40 +1,45 @@
 """A fixed-shape sampler: per-row state lives on the device, one packed result per step.
 
-Interface (what a scheduler calls; slots are 0 .. capacity-1, logits row i is slot i):
+Interface (slots are 0 .. capacity-1; by default logits row i is slot i):
 
-    s = Sampler(capacity, vocab, device, max_logprobs=5)
+    s = Sampler(capacity, vocab, device, max_logprobs=5, compile=False)
     s.admit(slots, params)        # RowParams per slot: parameters, logit_bias, seeded rng
     packed = s.step(logits)       # logits [B, vocab], B <= capacity: rows are slots 0..B-1
     packed = s.step(logits, rows) # or rows[i] = the slot of logits row i (admission steps)
     out = s.unpack(packed.cpu())  # StepOut: tokens, chosen logprobs, top-k ids/logprobs
     s.release(slots)              # finished rows: the slot turns greedy and plain
-    s.move(src, dst)              # slot dst takes slot src's whole state (compaction, swaps)
+    s.move(src, dst)              # slot dst[i] takes slot src[i]'s state (compaction, swaps)
 
-`step` launches a fixed sequence of tensor ops whatever B and the parameter mix (greedy,
-nucleus, penalties, bias, logprobs), has no host synchronisation and no per-row Python,
-and updates the state in place (generated-token counts, penalties, uniform cursors). It
-returns ONE float32 device tensor [B, 2 + 2 * max_logprobs] — column 0 the token id,
-1 its logprob, then max_logprobs top ids and their logprobs, best first (ids are exact in
-float32 below 2**24) — so the host does one device-to-host copy per step. The core,
+`step` launches the same tensor ops whatever B and the parameter mix (greedy, nucleus,
+penalties, bias, logprobs): no host synchronisation, no per-row Python, no
+data-dependent shapes. It updates the state in place (generated-token counts, the
+penalty offset, the uniform cursors) and returns ONE float32 device tensor
+[B, 2 + 2 * max_logprobs]: column 0 the token id, 1 its logprob, then max_logprobs top
+ids and their logprobs, best first (ids are exact in float32 below 2**24), so the host
+does one device-to-host copy per step. The host side of a step is a few numpy operations;
+every _RING/2 steps or so it tops up the uniform rings (one host-to-device copy). The core,
 `sample_step`, is a pure function of tensors that runs under
 `torch.compile(fullgraph=True)`; `Sampler(compile=True)` uses it compiled (eager by
 default: on CPU compiling costs more than it saves at small vocabularies).
 
 Semantics are BatchSampler's (sampling.py): logprobs from the raw logits; penalties and
 logit_bias, then temperature; top_p; one uniform per step per sampled row from the row's
-own generator, inverse CDF over the kept tokens in vocabulary order. Temperatures below
-TEMPERATURE_EPSILON are greedy (1 / 1e-45 overflows float32).
+own generator (pre-drawn into a per-slot ring on the device), inverse CDF over the kept
+tokens in vocabulary order. So a seeded row draws the same tokens whatever shares the
+batch, and the same tokens as BatchSampler did. Temperatures below TEMPERATURE_EPSILON
+are greedy (1 / 1e-45 overflows float32).
 
-Passes over [B, vocab] (each a kernel under torch.compile, where the elementwise work fuses
-into them): log-sum-exp of the raw logits (with the penalty/bias offset added and
-temperature applied on the way), top-k of the raw logits (logprobs), top-C of the
-adjusted logits (the greedy token, the maximum, the nucleus when it lies within the C most
-likely tokens), and one scatter pass that sums probability mass per (vocabulary block,
-log-probability bin). The draw then reads one block. Nuclei wider than C tokens end in
-the bin of their boundary: tokens within 1/_PER_NAT nat of the last token kept stay, like
-ties. Penalties and bias live in one [capacity, vocab] offset updated in place: bias
-scattered from padded (id, value) rows at admission, penalties at the chosen token of
-each step.
+How: penalties and bias live in one [capacity, vocab] offset, updated in place: the bias
+scattered from padded (id, value) rows at admission, penalties at the chosen token after
+each step. The step reads [B, vocab] in: log-sum-exp of the raw logits, top-k of the raw
+logits (logprobs), the adjusted logits z (offset added, temperature applied in place) with
+their log-sum-exp, top-C of z (the greedy token, and the nucleus edge, exact, when the
+nucleus lies within the C most likely tokens: most rows), and one scatter pass summing
+probability mass per (vocabulary block, log-probability bin below the edge). Bins give
+the edge of wider nuclei: tokens within 1/_PER_NAT nat of their last token stay, like
+ties. The draw picks a block from the block sums and a token inside it. Under
+torch.compile the elementwise work fuses into those reductions (four passes: raw
+log-sum-exp with z and its log-sum-exp, two top-k, the scatter).
 """
 
 from __future__ import annotations
