@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from batchwright.engine.sampling import TEMPERATURE_EPSILON, RowParams, StepOut
+
 # Candidates read off the adjusted logits (the nucleus of most rows fits in them).
 _CANDIDATES = 64
 # Log-probability bins below the C-th candidate, _PER_NAT per nat; the last is a catch-all.
