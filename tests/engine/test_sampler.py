@@ -155,7 +155,7 @@ def test_seeded_rows_do_not_depend_on_the_batch() -> None:
     want, got = [], []
     # Longer than a uniform ring (refills), with neighbours admitted, released and moved,
     # and admission steps through `rows`.
-    for step in range(150):
+    for step in range(300):
         logits = torch.randn(8, vocab, generator=torch.Generator().manual_seed(step)) * 2
         want.append(alone.unpack(alone.step(logits[3:4].clone())).tokens[0])
         if step == 0:
@@ -168,15 +168,21 @@ def test_seeded_rows_do_not_depend_on_the_batch() -> None:
             crowd.admit([1], [_params(1.5, seed=99)])
         if step == 100:
             crowd.move([3, 6], [6, 3])  # the seeded row now lives in slot 6
-        slot = 6 if step >= 100 else 3
+        if step == 130:
+            crowd.move([6], [2])  # compaction: slot 6 is released, the row is in slot 2
+        slot = 2 if step >= 130 else 6 if step >= 100 else 3
         row_logits = logits.clone()
         row_logits[slot] = logits[3]
         got.append(crowd.unpack(crowd.step(row_logits)).tokens[slot])
     assert got == want
+    # And the seed matters: another seed draws other tokens from the same logits.
     other = Sampler(1, vocab, CPU)
     other.admit([0], [_params(**{**row, "seed": 78})])
-    logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(0)) * 2
-    assert len({other.unpack(other.step(logits.clone())).tokens[0], want[0]}) >= 1
+    drawn = []
+    for step in range(20):
+        logits = torch.randn(8, vocab, generator=torch.Generator().manual_seed(step)) * 2
+        drawn.append(other.unpack(other.step(logits[3:4].clone())).tokens[0])
+    assert drawn != want[:20]
 
 
 def test_tiny_temperatures_are_greedy() -> None:

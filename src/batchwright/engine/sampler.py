@@ -249,7 +249,9 @@ class Sampler:
             self._params[slot] = None
 
     def move(self, src: Sequence[int], dst: Sequence[int]) -> None:
-        """Slot dst[i] takes slot src[i]'s state (a source may also be a destination)."""
+        """Slot dst[i] takes slot src[i]'s state (a source may also be a destination);
+        sources that are not destinations are released (a row's generator must have one
+        slot only, or a second slot's refills would consume its uniforms)."""
         if not src:
             return
         s, d = self._index(src), self._index(dst)
@@ -261,6 +263,7 @@ class Sampler:
         rngs = [self._params[i] for i in src]
         for i, r in zip(dst, rngs, strict=True):
             self._params[i] = r
+        self.release(sorted(set(src) - set(dst)))
 
     # --- the step ------------------------------------------------------------------------
 
