@@ -10,7 +10,6 @@ decode step instead.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -26,15 +25,14 @@ from batchwright.engine.attention import (
 from batchwright.engine.intake import Intake, Unit
 from batchwright.engine.jobs import Seq
 from batchwright.engine.kvcache import BatchCache, empty_batch, new_cache
-from batchwright.engine.sampling import BatchSampler, RowParams, StepOut, update_counts
+from batchwright.engine.sampler import Sampler
+from batchwright.engine.sampling import StepOut
 from batchwright.engine.types import GenRequest, GenResult
 
 if TYPE_CHECKING:
     from batchwright.engine.runtime import Engine
 
 
-# Parameters of a dead slot: greedy and plain, so it costs nothing extra to sample.
-_IDLE = RowParams(0.0, 1.0, 0.0, 0.0, {}, None, random.Random(0))
 # Decode attention runs (see attention.py). On CPU the rows are split to minimise columns
 # read plus the cost of a call (about as much as reading this many columns, measured),
 # in runs of at most _MAX_RUN rows. Elsewhere every call is a kernel launch: fixed runs.
@@ -55,8 +53,8 @@ class Scheduler:
         self.seqs: list[Seq | None] = []  # per slot; None = dead slot awaiting reuse
         self.next_tokens = torch.zeros(0, dtype=torch.long, device=dev)
         self.lengths = torch.zeros(0, dtype=torch.long, device=dev)  # cached tokens per row
-        self.counts = torch.zeros((0, self.vocab), device=dev)  # generated-token counts
-        self.sampler = BatchSampler([], self.vocab, dev)
+        # Slots 0..max_rows-1 mirror the batch rows; the rest take candidates being admitted.
+        self.sampler = Sampler(2 * engine.max_rows, self.vocab, dev)
         self.alive = torch.zeros(0, dtype=torch.bool, device=dev)
         self.varlen = engine.lm.varlen
         self.group_rows = _GROUP_ROWS.get(dev.type, _GROUP_ROWS_DEFAULT)
@@ -108,7 +106,7 @@ class Scheduler:
         self.seqs = [self.seqs[i] for i in keep]
         self.next_tokens = self.next_tokens.index_select(0, rows)
         self.lengths = self.lengths.index_select(0, rows)
-        self.counts = self.counts.index_select(0, rows)
+        self.sampler.move(keep, range(len(keep)))
         self._resample()
 
     def _attention_lengths(self) -> list[int]:
@@ -127,8 +125,6 @@ class Scheduler:
         return runs, run_masks(runs, lengths, self.e.lm.dtype, self.device)
 
     def _resample(self) -> None:
-        params = [s.params if s is not None else _IDLE for s in self.seqs]
-        self.sampler = BatchSampler(params, self.vocab, self.device)
         self.alive = torch.tensor(
             [s is not None for s in self.seqs], dtype=torch.bool, device=self.device
         )
@@ -197,9 +193,9 @@ class Scheduler:
     def _advance(self, logits: torch.Tensor) -> list[GenResult]:
         """Sample every row's next token from `logits`; rows that finish become dead slots."""
         self.lengths = self.lengths + 1
-        out = self.sampler.step(logits, self.counts)
-        update_counts(self.counts, out.tokens)
-        self.next_tokens = torch.tensor(out.tokens, device=self.device)
+        packed = self.sampler.step(logits)
+        out = self.sampler.unpack(packed.cpu())
+        self.next_tokens = packed[:, 0].long()
         done, keep = self._push(self.seqs, out)
         kept = set(keep)
         finished = [i for i, s in enumerate(self.seqs) if s is not None and i not in kept]
@@ -207,7 +203,7 @@ class Scheduler:
             for i in finished:
                 self.seqs[i] = None
             self.batch.kill(finished)
-            self.counts[finished] = 0
+            self.sampler.release(finished)
             self._resample()
         return done
 
@@ -220,31 +216,32 @@ class Scheduler:
         if len(seqs) != len(units):
             part = part.expand(index)
             logits = logits.index_select(0, index)
-        sampler = BatchSampler([s.params for s in seqs], self.vocab, dev)
-        counts = torch.zeros((len(seqs), self.vocab), device=dev)
-        out = sampler.step(logits, None)
-        update_counts(counts, out.tokens)
+        scratch = [self.e.max_rows + i for i in range(len(seqs))]
+        self.sampler.admit(scratch, [s.params for s in seqs])
+        out = self.sampler.unpack(self.sampler.step(logits, rows=scratch).cpu())
         done, keep = self._push(seqs, out)
         if not keep:
+            self.sampler.release(scratch)
             return done
         rows = torch.tensor(keep, device=dev)
         if len(keep) != len(seqs):
             part.select(rows)
-            counts = counts.index_select(0, rows)
         new_tokens = torch.tensor([out.tokens[i] for i in keep], device=dev)
         lens = torch.tensor([len(seqs[i].prompt) for i in keep], device=dev)
         # Dead slots are written in place; the rest become new slots.
         dead = [i for i, s in enumerate(self.seqs) if s is None][: len(keep)]
+        slots = [*dead, *range(len(self.seqs), len(self.seqs) + len(keep) - len(dead))]
+        self.sampler.move([scratch[i] for i in keep], slots)
+        self.sampler.release(scratch)
         if dead:
             n = len(dead)
             head = BatchCache(part.cache, part.mask)
             if n < len(keep):
                 head = part.expand(torch.arange(n, device=dev))
             self.batch.fill(dead, head)
-            slots = torch.tensor(dead, device=dev)
-            self.next_tokens[slots] = new_tokens[:n]
-            self.lengths[slots] = lens[:n]
-            self.counts[slots] = counts[:n]
+            at = torch.tensor(dead, device=dev)
+            self.next_tokens[at] = new_tokens[:n]
+            self.lengths[at] = lens[:n]
             for slot, i in zip(dead, keep[:n], strict=True):
                 self.seqs[slot] = seqs[i]
             if self.varlen and not self.native:
@@ -256,7 +253,6 @@ class Scheduler:
             self.seqs.extend(seqs[i] for i in keep[n:])
             self.next_tokens = torch.cat([self.next_tokens, new_tokens[n:]])
             self.lengths = torch.cat([self.lengths, lens[n:]])
-            self.counts = torch.cat([self.counts, counts[n:]])
         self._resample()
         return done
 
@@ -264,7 +260,7 @@ class Scheduler:
         """Keep rows of similar length next to each other, as an attention run costs the
         width of its longest row: each new row in `rows` may swap places with a row of
         another group of neighbours when that narrows the two groups. Only the two rows'
-        tokens are copied; the caller rebuilds the sampler."""
+        tokens and sampler state are swapped."""
         alive = zip(self.lengths.tolist(), self.seqs, strict=True)
         lens = [n if s is not None else 0 for n, s in alive]
         for x in rows:
@@ -276,8 +272,9 @@ class Scheduler:
             lens[x], lens[y] = lens[y], lens[x]
             pair = torch.tensor([x, y], device=self.device)
             swapped = torch.tensor([y, x], device=self.device)
-            for t in (self.next_tokens, self.lengths, self.counts):
+            for t in (self.next_tokens, self.lengths):
                 t[pair] = t[swapped]
+            self.sampler.move([x, y], [y, x])
 
     def _push(self, seqs: Sequence[Seq | None], out: StepOut) -> tuple[list[GenResult], list[int]]:
         """Record one token per live row; results of jobs now complete, rows still running."""
