@@ -32,6 +32,9 @@ class ModelSpec(BaseModel):
     # CPU float32: decode attention by the native kernel (built on first use with the
     # machine's C++ compiler; without one the SDPA path runs, same results).
     native_attention: bool = True
+    # KV-cache budget in tokens (paged blocks; rows are admitted while it lasts). Default:
+    # max_rows rows of full context, on CUDA at most 60 % of the memory free after loading.
+    kv_tokens: int | None = None
 
 
 class Registry(BaseModel):

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Generator, Iterable
-from collections.abc import Set as AbstractSet
+from collections.abc import Callable, Generator, Iterable, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from batchwright.engine.jobs import Job, Seq
+from batchwright.engine.jobs import Job, Seq, bad_request
 from batchwright.engine.types import GenRequest, GenResult
 
 if TYPE_CHECKING:
@@ -44,15 +43,18 @@ class Intake:
     def drained(self) -> bool:
         return self.exhausted and not self.pending
 
-    def drop(self, keys: AbstractSet[Any]) -> None:
-        """Forget the waiting candidates of cancelled requests."""
-        if self.pending:
-            self.pending = deque(u for u in self.pending if u.job.key not in keys)
-
-    def admit(self, free: int, *, packed: bool) -> Generator[GenResult, None, list[Unit]]:
+    def admit(
+        self,
+        free: int,
+        *,
+        packed: bool,
+        kv_free: int | None = None,
+        kv_cost: Callable[[Unit], int] | None = None,
+    ) -> Generator[GenResult, None, list[Unit]]:
         """Units for up to `free` rows within max_batch_tokens of prompt tokens (padded
-        tokens when not `packed`; a lone longer prompt still goes). Yields the results of
-        requests that finish without generating (errors, scoring only)."""
+        tokens when not `packed`; a lone longer prompt still goes) and within `kv_free`
+        cache blocks (`kv_cost` of a unit). Yields the results of requests that finish
+        without generating (errors, scoring only)."""
         units: list[Unit] = []
         width = tokens = 0
         while free > 0:
@@ -66,15 +68,40 @@ class Intake:
             cost = tokens + len(unit.prompt) if packed else w * (len(units) + 1)
             if units and cost > self.e.max_batch_tokens:
                 break
-            tokens += len(unit.prompt)
             if len(unit.seqs) > free:
-                units.append(Unit(unit.job, unit.prompt_index, unit.seqs[:free]))
-                unit.seqs = unit.seqs[free:]
+                unit = Unit(unit.job, unit.prompt_index, unit.seqs[:free])
+            if kv_cost is not None and kv_free is not None:
+                blocks = kv_cost(unit)
+                if blocks > kv_free:
+                    break  # admitted once running rows release theirs
+                kv_free -= blocks
+            tokens += len(unit.prompt)
+            head = self.pending[0]
+            if unit is not head:
+                head.seqs = head.seqs[len(unit.seqs) :]
             else:
-                units.append(self.pending.popleft())
-            free -= len(units[-1].seqs)
+                self.pending.popleft()
+            units.append(unit)
+            free -= len(unit.seqs)
             width = w
         return units
+
+    def drop(self, keys: Set[Any]) -> None:
+        """Forget waiting candidates of requests in `keys` (cancelled: no result)."""
+        self.pending = deque(u for u in self.pending if u.job.key not in keys)
+
+    def reject_head(self, tokens: int) -> GenResult:
+        """The first waiting request cannot fit even in an empty cache of `tokens` tokens:
+        a 400 for it, and its other waiting candidates go too."""
+        job = self.pending[0].job
+        self.drop({job.key})
+        return bad_request(
+            job.key,
+            f"This request needs more KV-cache memory than the model's worker has "
+            f"({tokens} tokens); reduce n, best_of or max_tokens.",
+            "max_tokens",
+            "context_length_exceeded",
+        )
 
     def _read(self) -> Generator[GenResult, None, None]:
         """Read a window of requests into `pending`, longest generation first.

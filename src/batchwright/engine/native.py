@@ -2,9 +2,10 @@
 
 SDPA has no variable-length kernel on CPU, so decode attention over rows of different
 lengths either reads padding or pays one call per run of rows. This kernel reads each row's
-own columns in one call per layer. It is compiled with the machine's C++ compiler through
-`torch.utils.cpp_extension` (cached under TORCH_EXTENSIONS_DIR, about 30 s the first time);
-where that fails the engine keeps its SDPA path, which gives the same results.
+own tokens through its block table in one call per layer. It is compiled with the
+machine's C++ compiler through `torch.utils.cpp_extension` (cached under
+TORCH_EXTENSIONS_DIR, about 30 s the first time); where that fails the engine keeps its
+SDPA path, which gives the same results.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ _STALE_LOCK_SECONDS = 600
 Kernel = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor
 ]
+# (q, key pool, value pool, block table, lens, scale) -> out: the engine's paged cache.
+PagedKernel = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
+]
 
 
 def _flags() -> tuple[str, list[str]]:
@@ -44,14 +49,29 @@ def _flags() -> tuple[str, list[str]]:
 
 
 @lru_cache(maxsize=1)
-def decode_attention_kernel() -> Kernel | None:
-    """The compiled kernel, or None where it cannot be built here."""
+def _module() -> ModuleType | None:
     try:
-        module = _load()
+        return _load()
     except Exception as exc:  # no compiler, no headers, a failed build: keep SDPA
-        log.warning("native decode attention unavailable, using SDPA runs: %s", exc)
+        log.warning("native decode attention unavailable, using SDPA: %s", exc)
+        return None
+
+
+def decode_attention_kernel() -> Kernel | None:
+    """The compiled left-padded kernel, or None where it cannot be built here."""
+    module = _module()
+    if module is None:
         return None
     kernel: Kernel = module.decode_attention
+    return kernel
+
+
+def paged_attention_kernel() -> PagedKernel | None:
+    """The compiled paged kernel (the engine's CPU decode attention), or None."""
+    module = _module()
+    if module is None:
+        return None
+    kernel: PagedKernel = module.paged_decode_attention
     return kernel
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
-from functools import lru_cache
 from typing import Any
 
 import torch
@@ -12,11 +11,11 @@ import torch
 from batchwright.engine.attention import Step, planned
 from batchwright.engine.jobs import Job, PromptScores, prepare
 from batchwright.engine.loader import LoadedModel, load_model
+from batchwright.engine.paged import PagedCache, block_size_for, pool_blocks
 from batchwright.engine.result import build_result
+from batchwright.engine.token_keys import TokenKeys
 from batchwright.engine.types import GenRequest, GenResult
 from batchwright.registry import ModelSpec
-
-Cancelled = Callable[[], AbstractSet[Any]]
 
 # Top-k over the prompt's positions is computed in slices of this many positions so the
 # float32 log-softmax of a long prompt never materialises at once.
@@ -32,8 +31,9 @@ class Engine:
         self.max_rows = max(1, spec.max_rows)
         self.max_batch_tokens = max(1, spec.max_batch_tokens)
         tok = lm.tokenizer
-        self._token_text = lru_cache(maxsize=1 << 16)(self._decode_one)
         self._tok = tok
+        self._keys = TokenKeys(tok, self.decode)
+        self.attention_backend = self._backend(lm)
 
     @classmethod
     def load(cls, spec: ModelSpec) -> Engine:
@@ -46,11 +46,9 @@ class Engine:
             self._tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         )
 
-    def _decode_one(self, token: int) -> str:
-        return self.decode([token])
-
     def token_text(self, token: int) -> str:
-        return str(self._token_text(token))
+        """The token as logprobs write it (`bytes:\\xNN` for byte fragments)."""
+        return self._keys.key(token)
 
     # --- requests ------------------------------------------------------------------------
 
@@ -71,16 +69,59 @@ class Engine:
             fingerprint=self.system_fingerprint,
             decode=self.decode,
             tok=self.token_text,
+            piece=self._keys.text,
         )
 
     def run(
-        self, requests: Iterable[GenRequest], cancelled: Cancelled | None = None
+        self,
+        requests: Iterable[GenRequest],
+        cancelled: Callable[[], AbstractSet[Any]] | None = None,
     ) -> Iterator[GenResult]:
-        """Results as requests finish. `cancelled`, called at most once per step, returns
-        keys of requests to drop at once (running or waiting); they yield no result."""
+        """Results as requests complete. `cancelled`, called at most once per step, returns
+        request keys to drop at once (running or waiting); no result comes for them."""
         from batchwright.engine.scheduler import Scheduler
 
         return Scheduler(self).run(requests, cancelled)
+
+    # --- cache ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _backend(lm: LoadedModel) -> str:
+        """How attention reads the paged cache (attention.py): varlen, native, reference."""
+        if lm.native_attention:
+            return "native"
+        if lm.device.type == "cuda" and lm.dtype in (torch.float16, torch.bfloat16):
+            return "varlen"
+        return "reference"
+
+    def new_cache(self) -> PagedCache:
+        cfg = self.lm.model.config.get_text_config()
+        heads = int(cfg.num_attention_heads)
+        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        layers = int(cfg.num_hidden_layers)
+        device = self.lm.device
+        bs = block_size_for(device)
+        token_bytes = 2 * layers * kv_heads * head_dim * self.lm.dtype.itemsize
+        blocks = pool_blocks(
+            kv_tokens=self.spec.kv_tokens,
+            max_rows=self.max_rows,
+            context_length=self.lm.context_length,
+            block_size=bs,
+            token_bytes=token_bytes,
+            device=device,
+        )
+        return PagedCache(
+            layers=layers,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            dtype=self.lm.dtype,
+            device=device,
+            block_size=bs,
+            num_blocks=blocks,
+            max_rows=self.max_rows,
+            context_length=self.lm.context_length,
+        )
 
     # --- model ---------------------------------------------------------------------------
 
@@ -96,17 +137,19 @@ class Engine:
         return logits
 
     def forward_step(
-        self, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, plan: Step
+        self, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor | None, plan: Step
     ) -> torch.Tensor:
         """One packed row through the model under `plan` (needs `lm.varlen`); logits
-        [len(keep), vocab] at the positions `keep`."""
+        [len(keep), vocab] at the positions `keep` (None: every position)."""
         kwargs: dict[str, Any] = {"use_cache": False}
         if self.lm.has_logits_to_keep:
-            kwargs["logits_to_keep"] = keep
+            kwargs["logits_to_keep"] = 0 if keep is None else keep
         with planned(plan):
             out = self.lm.model(input_ids=ids[None], position_ids=positions[None], **kwargs)
         logits: torch.Tensor = out.logits[0]
-        return logits if self.lm.has_logits_to_keep else logits.index_select(0, keep)
+        if keep is None or self.lm.has_logits_to_keep:
+            return logits
+        return logits.index_select(0, keep)
 
     @torch.inference_mode()
     def score_prompt(self, ids: list[int], k: int) -> PromptScores:

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+# Temperatures below this are greedy: dividing logits by 1e-38 or 1e-45 overflows float32,
+# and below it the distribution is one token anyway unless logits tie within ~1e-4.
+TEMPERATURE_EPSILON = 1e-5
 # The nucleus boundary is first looked for among each row's _TOP most likely tokens (one
 # small top-k); rows whose nucleus is wider use log-probability buckets, 32 nats deep.
 _TOP = 64
@@ -61,9 +64,11 @@ class BatchSampler:
         def floats(values: list[float]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.float32, device=device)
 
-        self.sampled = [i for i, r in enumerate(rows) if r.temperature > 0.0]
+        self.sampled = [i for i, r in enumerate(rows) if r.temperature >= TEMPERATURE_EPSILON]
         self.sampled_rows = index(self.sampled)
-        self.greedy_rows = index([i for i, r in enumerate(rows) if r.temperature == 0.0])
+        self.greedy_rows = index(
+            [i for i, r in enumerate(rows) if r.temperature < TEMPERATURE_EPSILON]
+        )
         self.temperature = floats([rows[i].temperature for i in self.sampled])
         nucleus = [j for j, i in enumerate(self.sampled) if rows[i].top_p < 1.0]
         self.nucleus = index(nucleus)  # positions among the sampled rows

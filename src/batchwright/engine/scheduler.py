@@ -1,301 +1,240 @@
-"""Continuous batching: one decode loop over the model's forward with a shared KV cache.
+"""Continuous batching: one decode loop over the model's forward with a paged KV cache.
 
-Each iteration admits waiting candidates into free rows and runs one forward that carries
-both the decode step of every row and the prompts being admitted (see attention.py);
-rows that finish leave, and new rows take their slots. Requests are read from the
-caller's iterable a bounded window ahead (longest generation admitted first). Models that
-cannot take the variable-length attention run a left-padded prefill and a separate
-decode step instead.
+Each iteration admits waiting candidates into free slots and runs one forward that carries
+the decode step of every slot and the prompts being admitted (attention.py); rows that
+finish leave at once and release their blocks, and new rows take their slots. Requests
+are read from the caller's iterable a bounded window ahead (longest generation first),
+and admitted while slots and KV blocks last.
+
+What a steady decode step needs lives on the device and is updated in place when rows
+join or leave (slots.py, sampler.py): next tokens, lengths, block tables, sampling
+parameters and token counts. The step
+reads back one packed tensor (tokens, logprobs, top-k) and nothing else; the host then
+records tokens, matches stops and builds results. Models that cannot take the
+variable-length attention go through padded.py, on the same paged cache.
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from batchwright.engine.attention import (
-    Step,
-    best_partner,
-    decode_runs,
-    fixed_runs,
-    run_masks,
-)
+from batchwright.engine.admission import Placement, place
+from batchwright.engine.attention import Step, decode_runs, fixed_runs
+from batchwright.engine.backends import VarlenArgs
 from batchwright.engine.intake import Intake, Unit
 from batchwright.engine.jobs import Seq
-from batchwright.engine.kvcache import BatchCache, empty_batch, new_cache
-from batchwright.engine.sampling import BatchSampler, RowParams, StepOut, update_counts
+from batchwright.engine.padded import padded_decode, padded_prefill
+from batchwright.engine.sampler import Sampler
+from batchwright.engine.sampling import StepOut
+from batchwright.engine.slots import Slots
 from batchwright.engine.types import GenRequest, GenResult
 
 if TYPE_CHECKING:
-    from batchwright.engine.runtime import Cancelled, Engine
+    from batchwright.engine.runtime import Engine
 
+Cancelled = Callable[[], AbstractSet[Any]]
 
-# Parameters of a dead slot: greedy and plain, so it costs nothing extra to sample.
-_IDLE = RowParams(0.0, 1.0, 0.0, 0.0, {}, None, random.Random(0))
-# Decode attention runs (see attention.py). On CPU the rows are split to minimise columns
-# read plus the cost of a call (about as much as reading this many columns, measured),
-# in runs of at most _MAX_RUN rows. Elsewhere every call is a kernel launch: fixed runs.
-_CALL_COST = {"cpu": 120}
+# Reference attention: on CPU, runs minimise tokens gathered plus this many per call
+# (about one SDPA call's cost); elsewhere runs of fixed size (each call is a launch).
+_CALL_COST = 120
 _MAX_RUN = 16
-# Rows per group when a new row looks for neighbours of similar length.
-_GROUP_ROWS = {"cpu": 8}
-_GROUP_ROWS_DEFAULT = 64
+_GPU_RUN = 64
 
 
 class Scheduler:
     def __init__(self, engine: Engine) -> None:
         self.e = engine
-        dev = engine.lm.device
-        self.device = dev
+        self.device = engine.lm.device
         self.vocab = engine.lm.vocab_size
-        self.batch = empty_batch(dev)
-        self.seqs: list[Seq | None] = []  # per slot; None = dead slot awaiting reuse
-        self.next_tokens = torch.zeros(0, dtype=torch.long, device=dev)
-        self.lengths = torch.zeros(0, dtype=torch.long, device=dev)  # cached tokens per row
-        self.counts = torch.zeros((0, self.vocab), device=dev)  # generated-token counts
-        self.sampler = BatchSampler([], self.vocab, dev)
-        self.alive = torch.zeros(0, dtype=torch.bool, device=dev)
-        self.varlen = engine.lm.varlen
-        self.group_rows = _GROUP_ROWS.get(dev.type, _GROUP_ROWS_DEFAULT)
-        self.call_cost = _CALL_COST.get(dev.type)
-        # The native kernel reads each row's own columns: no runs, masks or regrouping.
-        self.native = engine.lm.native_attention and self.varlen
-
-    @property
-    def live(self) -> int:
-        return sum(1 for s in self.seqs if s is not None)
+        self.backend = engine.attention_backend
+        self.slots = Slots(engine)
+        self.cache = self.slots.cache
+        # Sampler slots 0..max_rows-1 are the batch slots; the rest take the candidates
+        # being admitted until their first token is drawn.
+        self.sampler = Sampler(2 * engine.max_rows, self.vocab, self.device)
 
     def run(
         self, requests: Iterable[GenRequest], cancelled: Cancelled | None = None
     ) -> Iterator[GenResult]:
         intake = Intake(self.e, requests)
-        while True:
-            if cancelled is not None and (keys := cancelled()):
-                self._drop(keys, intake)
-            free = self.e.max_rows - self.live
-            units = yield from intake.admit(free, packed=self.varlen)
-            if self.varlen:
-                if units or self.live:
+        try:
+            while True:
+                if cancelled is not None:
+                    self._cancel(intake, cancelled())
+                s = self.slots
+                units = yield from intake.admit(
+                    s.free_count,
+                    packed=self.e.lm.varlen,
+                    kv_free=self.cache.alloc.free,
+                    kv_cost=self._kv_cost,
+                )
+                if not units and not intake.pending:
+                    self._compact()
+                if not units and not s.live and intake.pending:
+                    cache = self.cache
+                    yield intake.reject_head((cache.alloc.num_blocks - 1) * cache.block_size)
+                    continue
+                if units or s.live:
                     yield from self._step(units)
-            elif units:
-                yield from self._prefill(units)
-            self._maybe_compact(waiting=bool(intake.pending))
-            if not self.varlen and self.live:
-                yield from self._decode()
-            if not units and not self.live and intake.drained:
-                return
+                if not units and not s.live and intake.drained:
+                    return
+        finally:
+            self.slots.release_all()
 
-    @torch.inference_mode()
-    def _drop(self, keys: AbstractSet[Any], intake: Intake) -> None:
-        """Cancelled requests leave now: their rows become dead slots, their waiting
-        candidates are forgotten, and their jobs never yield a result."""
-        intake.drop(keys)
-        gone = [i for i, s in enumerate(self.seqs) if s is not None and s.job.key in keys]
-        if gone:
-            for i in gone:
-                self.seqs[i] = None
-            self.batch.kill(gone)
-            self.counts[gone] = 0
-            self._resample()
+    def _kv_cost(self, unit: Unit) -> int:
+        return self.cache.blocks_needed(len(unit.prompt), _max_new(unit), len(unit.seqs))
 
-    @torch.inference_mode()
-    def _maybe_compact(self, *, waiting: bool) -> None:
-        """Drop dead slots nobody is waiting for, and long all-padding column prefixes."""
-        if not self.seqs:
+    def _cancel(self, intake: Intake, keys: AbstractSet[Any]) -> None:
+        """Drop the rows and the waiting candidates of requests in `keys`; no results."""
+        if not keys:
             return
-        dead = len(self.seqs) - self.live
-        drop_rows = dead > 0 and not waiting and 4 * dead >= len(self.seqs)
-        prefix = self.batch.dead_prefix()
-        if self.varlen:
-            # Neither the native kernel nor the SDPA runs read those columns, so they only
-            # cost memory: drop them when the cache must grow anyway (one copy, not two).
-            drop_cols = prefix >= 64 and self.batch.headroom() == 0
-        else:
-            drop_cols = prefix >= max(64, self.batch.columns // 4)
-        if drop_rows or drop_cols:
-            self._take([i for i, s in enumerate(self.seqs) if s is not None or not drop_rows])
+        intake.drop(keys)
+        gone = [i for i, s in enumerate(self.slots.seqs) if s is not None and s.job.key in keys]
+        if gone:
+            self.slots.finish(gone)
+            self.sampler.release(gone)
 
-    def _take(self, keep: list[int]) -> None:
-        """Keep the slots `keep`, in that order (the cache is copied once)."""
-        rows = torch.tensor(keep, dtype=torch.long, device=self.device)
-        self.batch.compact(rows)
-        self.seqs = [self.seqs[i] for i in keep]
-        self.next_tokens = self.next_tokens.index_select(0, rows)
-        self.lengths = self.lengths.index_select(0, rows)
-        self.counts = self.counts.index_select(0, rows)
-        self._resample()
-
-    def _attention_lengths(self) -> list[int]:
-        """Columns each row attends to in the next decode step (1 for a dead slot)."""
-        lens: list[int] = torch.where(self.alive, self.lengths + 1, 1).tolist()
-        return lens
-
-    def _decode_runs(self) -> tuple[list[tuple[int, int, int]], list[torch.Tensor | None]]:
-        """Runs of rows and their masks for SDPA decode attention (no native kernel)."""
-        lengths = self._attention_lengths()
-        if self.call_cost is None:
-            runs = fixed_runs(lengths, self.group_rows)
-        else:
-            live: list[bool] = self.alive.tolist()
-            runs = decode_runs(lengths, live, self.call_cost, _MAX_RUN)
-        return runs, run_masks(runs, lengths, self.e.lm.dtype, self.device)
-
-    def _resample(self) -> None:
-        params = [s.params if s is not None else _IDLE for s in self.seqs]
-        self.sampler = BatchSampler(params, self.vocab, self.device)
-        self.alive = torch.tensor(
-            [s is not None for s in self.seqs], dtype=torch.bool, device=self.device
-        )
+    def _compact(self) -> None:
+        moved = self.slots.compact()
+        if moved:
+            self.sampler.move(*moved)
 
     @torch.inference_mode()
     def _step(self, units: list[Unit]) -> list[GenResult]:
-        """One forward for the decode step of every row and the prefill of `units`."""
-        dev = self.device
-        rows = len(self.seqs) if self.live else 0
-        prompts = [u.prompt for u in units]
-        bounds, start = [], 0
-        for p in prompts:
-            bounds.append((start, start + len(p)))
-            start += len(p)
-        ids = [self.next_tokens[:rows]]
-        positions = [torch.where(self.alive, self.lengths, 0)[:rows]]
-        if prompts:
-            ids.append(torch.tensor([t for p in prompts for t in p], device=dev))
-            positions.append(torch.cat([torch.arange(len(p), device=dev) for p in prompts]))
-        keep = [*range(rows), *(rows + e - 1 for _, e in bounds)]
-        runs: list[tuple[int, int, int]] = []
-        masks: list[torch.Tensor | None] = []
-        lens = None
-        if rows:
-            self.batch.append_column()
-            if self.native:
-                lens = torch.where(self.alive, self.lengths + 1, 0)
-            else:
-                runs, masks = self._decode_runs()
-        plan = Step(rows, self.batch.cache, runs, masks, bounds, lens=lens)
-        logits = self.e.forward_step(
-            torch.cat(ids), torch.cat(positions), torch.tensor(keep, device=dev), plan
+        """One forward for the decode step of every slot and the prefill of `units`."""
+        s = self.slots
+        n = s.rows_for_step()
+        placed = place(self.cache, s, units)
+        if not self.e.lm.varlen:
+            return self._padded_step(n, placed)
+        ids, positions, dest = (
+            [s.tokens[:n]],
+            [s.lens[:n]],
+            [self.cache.decode_dest(s.lens[:n], s.alive[:n])],
         )
-        done = self._advance(logits[:rows]) if rows else []
-        if units:
-            packed = [plan.captured[i] for i in range(len(plan.captured))]
-            done += self._admit(units, logits[rows:], BatchCache.unpack(packed, bounds))
+        bounds: list[tuple[int, int]] = []
+        if placed:
+            start = 0
+            for p in placed:
+                bounds.append((start, start + p.length))
+                start += p.length
+            ids.append(s.host_long([t for p in placed for t in p.unit.prompt]))
+            positions.append(s.host_long([i for p in placed for i in range(p.length)]))
+            dest.append(s.host_long([d for p in placed for d in p.dest]))
+        plan = Step(self.cache, n, torch.cat(dest) if placed else dest[0], bounds, self.backend)
+        self._plan_attention(plan, n, placed)
+        keep: torch.Tensor | None = None
+        if placed:
+            keep = s.host_long([*range(n), *(n + e - 1 for _, e in bounds)])
+        logits = self.e.forward_step(
+            torch.cat(ids) if placed else ids[0],
+            torch.cat(positions) if placed else positions[0],
+            keep,
+            plan,
+        )
+        done = self._advance(n, logits[:n]) if n else []
+        if placed:
+            done += self._admit(placed, logits[n:])
         return done
 
-    @torch.inference_mode()
-    def _prefill(self, units: list[Unit]) -> list[GenResult]:
-        """Prefill `units` as one left-padded batch (models without varlen attention)."""
-        width = max(len(u.prompt) for u in units)
-        ids = torch.zeros((len(units), width), dtype=torch.long)
-        mask = torch.zeros((len(units), width), dtype=torch.long)
-        for i, u in enumerate(units):
-            n = len(u.prompt)
-            ids[i, width - n :] = torch.tensor(u.prompt)
-            mask[i, width - n :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(1) - 1).clamp(min=0)
-        cache = new_cache()
-        logits = self.e.forward_last(ids, mask, positions, cache)
-        return self._admit(units, logits, BatchCache(cache, mask))
+    def _plan_attention(self, plan: Step, n: int, placed: Sequence[Placement]) -> None:
+        s = self.slots
+        if self.backend == "native":
+            plan.lens = torch.where(s.alive[:n], s.lens[:n] + 1, 0)
+        elif self.backend == "reference":
+            lengths = [
+                x + 1 if q is not None else 1 for x, q in zip(s.hlen[:n], s.seqs[:n], strict=True)
+            ]
+            live = [q is not None for q in s.seqs[:n]]
+            if self.device.type == "cpu":
+                plan.runs = decode_runs(lengths, live, _CALL_COST, _MAX_RUN)
+            else:
+                plan.runs = fixed_runs(lengths, _GPU_RUN) if n else []
+            plan.run_lens = lengths
+        else:
+            plan.varlen = self._varlen_args(n, placed)
 
-    @torch.inference_mode()
-    def _decode(self) -> list[GenResult]:
-        """One decode step over the padded batch (models without varlen attention)."""
-        # Dead slots run too (cheaper than reshaping the batch every step). Their new column
-        # is unmasked so no attention row is fully masked (SDPA would produce NaNs there).
-        mask = self.batch.append_column()
-        positions = torch.where(self.alive, self.lengths, 0)[:, None]
-        logits = self.e.forward_last(self.next_tokens[:, None], mask, positions, self.batch.cache)
-        return self._advance(logits)
+    def _varlen_args(self, n: int, placed: Sequence[Placement]) -> VarlenArgs:
+        """Decode rows (one query, dead rows read one scratch token) then prompts."""
+        s = self.slots
+        seqused = torch.where(s.alive[:n], s.lens[:n] + 1, 1).int()
+        table = self.cache.table[:n]
+        cu_q = s.arange_int[: n + 1]
+        max_q, max_k = 1, max(s.hlen[:n], default=0) + 1
+        if placed:
+            lengths = [p.length for p in placed]
+            seqused = torch.cat([seqused, s.host_int(lengths)])
+            table = torch.cat([table, self.cache.host_rows([p.slot for p in placed])])
+            starts = [n]
+            for x in lengths:
+                starts.append(starts[-1] + x)
+            cu_q = torch.cat([cu_q[:n], s.host_int(starts)])
+            max_q, max_k = max(max_q, *lengths), max(max_k, *lengths)
+        cu_k = torch.nn.functional.pad(seqused.cumsum(0, dtype=torch.int32), (1, 0))
+        return VarlenArgs(cu_q, cu_k, seqused, table, max_q, max_k)
 
-    def _advance(self, logits: torch.Tensor) -> list[GenResult]:
-        """Sample every row's next token from `logits`; rows that finish become dead slots."""
-        self.lengths = self.lengths + 1
-        out = self.sampler.step(logits, self.counts)
-        update_counts(self.counts, out.tokens)
-        self.next_tokens = torch.tensor(out.tokens, device=self.device)
-        done, keep = self._push(self.seqs, out)
-        kept = set(keep)
-        finished = [i for i, s in enumerate(self.seqs) if s is not None and i not in kept]
-        if finished:
-            for i in finished:
-                self.seqs[i] = None
-            self.batch.kill(finished)
-            self.counts[finished] = 0
-            self._resample()
+    def _padded_step(self, n: int, placed: Sequence[Placement]) -> list[GenResult]:
+        s = self.slots
+        done = []
+        if n:
+            logits = padded_decode(self.e, self.cache, s, n)
+            done = self._advance(n, logits)
+        if placed:
+            done += self._admit(placed, padded_prefill(self.e, self.cache, placed))
         return done
 
-    def _admit(self, units: list[Unit], logits: torch.Tensor, part: BatchCache) -> list[GenResult]:
-        """First token of each candidate of `units` (prefilled into `part`, one row per unit);
-        the candidates still running take dead slots first, then new slots."""
-        dev = self.device
-        index = torch.tensor([i for i, u in enumerate(units) for _ in u.seqs], device=dev)
-        seqs = [s for u in units for s in u.seqs]
-        if len(seqs) != len(units):
-            part = part.expand(index)
-            logits = logits.index_select(0, index)
-        sampler = BatchSampler([s.params for s in seqs], self.vocab, dev)
-        counts = torch.zeros((len(seqs), self.vocab), device=dev)
-        out = sampler.step(logits, None)
-        update_counts(counts, out.tokens)
+    def _advance(self, n: int, logits: torch.Tensor) -> list[GenResult]:
+        """Sample every slot's next token; rows that finish leave at once."""
+        s = self.slots
+        packed = self.sampler.step(logits)
+        s.advance(n, packed[:, 0].long())
+        # The step's one read-back.
+        out = self.sampler.unpack(packed.cpu())
+        seqs = s.seqs[:n]
+        for i, q in enumerate(seqs):
+            if q is not None:
+                s.hlen[i] += 1
         done, keep = self._push(seqs, out)
-        if not keep:
-            return done
-        rows = torch.tensor(keep, device=dev)
-        if len(keep) != len(seqs):
-            part.select(rows)
-            counts = counts.index_select(0, rows)
-        new_tokens = torch.tensor([out.tokens[i] for i in keep], device=dev)
-        lens = torch.tensor([len(seqs[i].prompt) for i in keep], device=dev)
-        # Dead slots are written in place; the rest become new slots.
-        dead = [i for i, s in enumerate(self.seqs) if s is None][: len(keep)]
-        if dead:
-            n = len(dead)
-            head = BatchCache(part.cache, part.mask)
-            if n < len(keep):
-                head = part.expand(torch.arange(n, device=dev))
-            self.batch.fill(dead, head)
-            slots = torch.tensor(dead, device=dev)
-            self.next_tokens[slots] = new_tokens[:n]
-            self.lengths[slots] = lens[:n]
-            self.counts[slots] = counts[:n]
-            for slot, i in zip(dead, keep[:n], strict=True):
-                self.seqs[slot] = seqs[i]
-            if self.varlen and not self.native:
-                self._regroup(dead)
-        if len(keep) > len(dead):
-            n = len(dead)
-            tail = part if n == 0 else part.expand(torch.arange(n, len(keep), device=dev))
-            self.batch.merge(tail)
-            self.seqs.extend(seqs[i] for i in keep[n:])
-            self.next_tokens = torch.cat([self.next_tokens, new_tokens[n:]])
-            self.lengths = torch.cat([self.lengths, lens[n:]])
-            self.counts = torch.cat([self.counts, counts[n:]])
-        self._resample()
+        kept = set(keep)
+        finished = [i for i, q in enumerate(seqs) if q is not None and i not in kept]
+        if finished:
+            s.finish(finished)
+            self.sampler.release(finished)
         return done
 
-    def _regroup(self, rows: list[int]) -> None:
-        """Keep rows of similar length next to each other, as an attention run costs the
-        width of its longest row: each new row in `rows` may swap places with a row of
-        another group of neighbours when that narrows the two groups. Only the two rows'
-        tokens are copied; the caller rebuilds the sampler."""
-        alive = zip(self.lengths.tolist(), self.seqs, strict=True)
-        lens = [n if s is not None else 0 for n, s in alive]
-        for x in rows:
-            y = best_partner(lens, x, self.group_rows)
-            if y < 0:
-                continue
-            self.batch.swap(x, y, max(lens[x], lens[y]))
-            self.seqs[x], self.seqs[y] = self.seqs[y], self.seqs[x]
-            lens[x], lens[y] = lens[y], lens[x]
-            pair = torch.tensor([x, y], device=self.device)
-            swapped = torch.tensor([y, x], device=self.device)
-            for t in (self.next_tokens, self.lengths, self.counts):
-                t[pair] = t[swapped]
+    def _admit(self, placed: Sequence[Placement], logits: torch.Tensor) -> list[GenResult]:
+        """First token of every candidate of the prompts just prefilled; the candidates
+        still running keep their slots (the first the prefilled blocks, the others share
+        the full prompt blocks), the rest release theirs."""
+        s = self.slots
+        index = [i for i, p in enumerate(placed) for _ in p.unit.seqs]
+        seqs = [q for p in placed for q in p.unit.seqs]
+        if len(seqs) != len(placed):
+            logits = logits.index_select(0, s.host_long(index))
+        scratch = [s.max_rows + i for i in range(len(seqs))]
+        self.sampler.admit(scratch, [q.params for q in seqs])
+        packed = self.sampler.step(logits, rows=scratch)
+        out = self.sampler.unpack(packed.cpu())
+        done, keep = self._push(seqs, out)
+        kept = set(keep)
+        rows: list[int] = []
+        slots: list[int] = []
+        j = 0
+        for p in placed:
+            running = [c for c in range(len(p.unit.seqs)) if j + c in kept]
+            got = s.settle(p, [seqs[j + c] for c in running])
+            rows += [j + c for c in running]
+            slots += got
+            j += len(p.unit.seqs)
+        if rows:
+            s.start(slots, packed[:, 0].long(), rows)
+            self.sampler.move([scratch[r] for r in rows], slots)
+        self.sampler.release(scratch)
+        return done
 
     def _push(self, seqs: Sequence[Seq | None], out: StepOut) -> tuple[list[GenResult], list[int]]:
         """Record one token per live row; results of jobs now complete, rows still running."""
@@ -316,3 +255,9 @@ class Scheduler:
             else:
                 keep.append(i)
         return done, keep
+
+
+def _max_new(unit: Unit) -> int:
+    """The most tokens a candidate of `unit` may generate (and cache)."""
+    job = unit.job
+    return min(job.req.max_tokens, job.context_length - len(unit.prompt))

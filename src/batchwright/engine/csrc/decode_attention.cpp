@@ -1,5 +1,8 @@
-// Decode attention over the engine's left-padded batch cache, reading each row's own
-// columns only: the varlen kernel SDPA lacks on CPU. One query token per row; float32.
+// Decode attention reading each row's own tokens only: the varlen kernel SDPA lacks on
+// CPU. One query token per row; float32. Two entry points: `paged_decode_attention`
+// (below) reads the engine's paged cache through block tables; `decode_attention` reads
+// one left-padded buffer per layer (kept as the simplest form of the same loop and
+// tested against SDPA).
 //
 //   q     [rows, q_heads, dim], contiguous
 //   k, v  [rows, kv_heads, capacity, dim], columns contiguous (the cache buffers)
@@ -98,6 +101,110 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
   return out;
 }
 
+// Decode attention through a paged cache: the engine's path. One query token per row.
+//
+//   q      [rows, q_heads, dim], contiguous
+//   k, v   [blocks, block_size, kv_heads, dim] pools, each token's heads contiguous
+//   table  [rows, max_blocks] int32: row r's i-th block of block_size tokens
+//   lens   [rows] int64: row r attends to its first lens[r] tokens; 0 = dead slot
+//
+// Returns [rows, q_heads, dim] (zeros for dead slots). As above, one streaming pass per
+// (row, query head) with a running softmax, split over threads at equal shares of tokens.
+torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                                     torch::Tensor table, torch::Tensor lens, double scale) {
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
+                  v.scalar_type() == torch::kFloat32,
+              "paged_decode_attention: float32 only");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4 && table.dim() == 2,
+              "paged_decode_attention: shapes");
+  TORCH_CHECK(q.is_contiguous(), "paged_decode_attention: q must be contiguous");
+  const int64_t rows = q.size(0), hq = q.size(1), d = q.size(2);
+  const int64_t nblocks = k.size(0), bs = k.size(1), hkv = k.size(2);
+  TORCH_CHECK(v.sizes() == k.sizes() && k.size(3) == d && hq % hkv == 0,
+              "paged_decode_attention: pool shape");
+  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1 && k.stride(2) == d && v.stride(2) == d,
+              "paged_decode_attention: each token's heads must be contiguous");
+  auto tab = table.to(torch::kInt32).contiguous();
+  auto lens64 = lens.to(torch::kInt64).contiguous();
+  TORCH_CHECK(tab.size(0) >= rows && lens64.numel() == rows,
+              "paged_decode_attention: one table row and one length per row");
+  const int64_t width = tab.size(1);
+  const int32_t* tp = tab.data_ptr<int32_t>();
+  const int64_t* len = lens64.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(len[r] >= 0 && len[r] <= width * bs, "paged_decode_attention: length");
+    for (int64_t b = 0; b < (len[r] + bs - 1) / bs; ++b) {
+      const int32_t blk = tp[r * width + b];
+      TORCH_CHECK(blk >= 0 && blk < nblocks, "paged_decode_attention: block out of range");
+    }
+  }
+  auto out = torch::zeros_like(q);
+  const int64_t group = hq / hkv;
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t kb0 = k.stride(0), kt = k.stride(1), vb0 = v.stride(0), vt = v.stride(1);
+  const float sc = static_cast<float>(scale);
+  const int64_t items = rows * hkv;
+  int64_t total = 0;
+  for (int64_t r = 0; r < rows; ++r) total += len[r] * hkv;
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(items, 4 * at::get_num_threads()));
+  std::vector<int64_t> bounds(parts + 1, items);
+  bounds[0] = 0;
+  int64_t seen = 0, part = 1;
+  for (int64_t item = 0; item < items && part < parts; ++item) {
+    seen += len[item / hkv];
+    while (part < parts && seen * parts >= total * part) bounds[part++] = item + 1;
+  }
+  at::parallel_for(0, parts, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> acc(d);
+    const int64_t begin = bounds[first], end = bounds[last];
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t r = item / hkv, hk = item % hkv, n = len[r];
+      if (n == 0) continue;
+      const int32_t* blocks = tp + r * width;
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t h = hk * group + g;
+        const float* qh = qp + (r * hq + h) * d;
+        std::fill(acc.begin(), acc.end(), 0.f);
+        float top = -INFINITY, sum = 0.f;
+        for (int64_t start = 0; start < n; start += bs) {
+          const int64_t blk = blocks[start / bs];
+          const float* kb = kp + blk * kb0 + hk * d;
+          const float* vb = vp + blk * vb0 + hk * d;
+          const int64_t stop = std::min<int64_t>(bs, n - start);
+          for (int64_t j = 0; j < stop; ++j) {
+            const float* kj = kb + j * kt;
+            const float* vj = vb + j * vt;
+            float s = 0.f;
+#pragma omp simd reduction(+ : s)
+            for (int64_t x = 0; x < d; ++x) s += qh[x] * kj[x];
+            s *= sc;
+            if (s > top) {
+              const float c = std::exp(top - s);
+              sum *= c;
+#pragma omp simd
+              for (int64_t x = 0; x < d; ++x) acc[x] *= c;
+              top = s;
+            }
+            const float w = std::exp(s - top);
+            sum += w;
+#pragma omp simd
+            for (int64_t x = 0; x < d; ++x) acc[x] += w * vj[x];
+          }
+        }
+        const float inv = 1.f / sum;
+        float* oh = op + (r * hq + h) * d;
+        for (int64_t x = 0; x < d; ++x) oh[x] = acc[x] * inv;
+      }
+    }
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "varlen decode attention (float32, CPU)");
+  m.def("paged_decode_attention", &paged_decode_attention,
+        "decode attention through a paged cache (float32, CPU)");
 }

@@ -1,0 +1,41 @@
+"""Placing admitted prompts: slots for their candidates and blocks for the prefill."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from batchwright.engine.intake import Unit
+from batchwright.engine.paged import PagedCache
+
+if TYPE_CHECKING:
+    from batchwright.engine.slots import Slots
+
+
+@dataclass(eq=False)
+class Placement:
+    """A prompt prefilled into the blocks of `slots[0]`; `slots` holds one slot per
+    candidate until the first token shows which candidates keep running."""
+
+    unit: Unit
+    slots: list[int]
+    length: int  # prompt tokens
+    total: int  # prompt plus the most tokens a candidate may generate
+    dest: list[int]  # flat pool position of each prompt token
+
+    @property
+    def slot(self) -> int:
+        return self.slots[0]
+
+
+def place(cache: PagedCache, slots: Slots, units: list[Unit]) -> list[Placement]:
+    """Admission already checked that slots and blocks suffice (Intake.admit)."""
+    out = []
+    for u in units:
+        taken = slots.take(len(u.seqs))
+        length = len(u.prompt)
+        job = u.job
+        total = length + min(job.req.max_tokens, job.context_length - length)
+        cache.assign(taken[0], cache.alloc.allocate(cache.alloc.blocks_for(total)))
+        out.append(Placement(u, taken, length, total, cache.prompt_dest(taken[0], length)))
+    return out

@@ -1,0 +1,153 @@
+"""The three ways attention reads the paged cache (see attention.py for when each runs).
+
+Pools are `[blocks, block_size, kv_heads, dim]`; the block table maps a row's i-th block
+of tokens to a pool block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from batchwright.engine.native import paged_attention_kernel
+
+
+@dataclass(eq=False)
+class VarlenArgs:
+    """One `varlen_attn` call over decode rows (one query each) and prompts."""
+
+    cu_q: torch.Tensor  # [seqs + 1] int32: query offsets in the packed row
+    cu_k: torch.Tensor  # [seqs + 1] int32: cumulative key lengths
+    seqused: torch.Tensor  # [seqs] int32: tokens each sequence reads from its blocks
+    table: torch.Tensor  # [seqs, max_blocks] int32
+    max_q: int
+    max_k: int
+
+
+def _varlen_attn(*args: Any, **kwargs: Any) -> torch.Tensor:
+    from torch.nn.attention.varlen import varlen_attn
+
+    out = varlen_attn(*args, **kwargs)
+    assert isinstance(out, torch.Tensor)
+    return out
+
+
+# Swappable so bench/step_profile.py can run the CUDA path's bookkeeping on CPU.
+VARLEN_IMPL: Callable[..., torch.Tensor] = _varlen_attn
+
+
+def varlen(
+    q: torch.Tensor,
+    kpool: torch.Tensor,
+    vpool: torch.Tensor,
+    args: VarlenArgs,
+    scale: float,
+    gqa: bool,
+) -> torch.Tensor:
+    """[tokens, heads, dim] for every query token of the packed row, in one call."""
+    return VARLEN_IMPL(
+        q,
+        kpool,
+        vpool,
+        args.cu_q,
+        args.cu_k,
+        args.max_q,
+        args.max_k,
+        scale=scale,
+        window_size=(-1, 0),  # causal, aligned bottom-right: a decode row sees all
+        enable_gqa=gqa,
+        seqused_k=args.seqused,
+        block_table=args.table,
+    )
+
+
+def native(
+    q: torch.Tensor,
+    kpool: torch.Tensor,
+    vpool: torch.Tensor,
+    table: torch.Tensor,
+    lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    kernel = paged_attention_kernel()
+    assert kernel is not None, "the native backend needs the compiled kernel"
+    return kernel(q, kpool, vpool, table, lens, scale)
+
+
+def gather(pool: torch.Tensor, table: torch.Tensor, width: int) -> torch.Tensor:
+    """Rows' first `width` tokens, gathered from their blocks: [rows, kv_heads, width, dim]."""
+    blocks = -(-width // pool.shape[1])
+    pages = pool[table[:, :blocks].long()]  # [rows, blocks, block_size, heads, dim]
+    return pages.flatten(1, 2)[:, :width].transpose(1, 2)
+
+
+def reference(
+    q: torch.Tensor,
+    kpool: torch.Tensor,
+    vpool: torch.Tensor,
+    table: torch.Tensor,
+    runs: list[tuple[int, int, int]],
+    lens: list[int],
+    scale: float,
+    gqa: bool,
+) -> torch.Tensor:
+    """Decode attention by page gather and SDPA, one call per run of rows; rows in no run
+    (dead slots) get zeros. [rows, heads, dim]."""
+    out = q.new_zeros((q.shape[0], q.shape[1], vpool.shape[-1]))
+    for a, b, w in runs:
+        keys = gather(kpool, table[a:b], w)
+        values = gather(vpool, table[a:b], w)
+        mask = None
+        if any(n < w for n in lens[a:b]):
+            short = torch.arange(w)[None, :] >= torch.as_tensor(lens[a:b])[:, None]
+            mask = torch.zeros(short.shape, dtype=q.dtype).masked_fill_(short, float("-inf"))
+            mask = mask.to(q.device)[:, None, None, :]
+        out[a:b] = F.scaled_dot_product_attention(
+            q[a:b, :, None], keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa
+        )[:, :, 0]
+    return out
+
+
+def varlen_reference(
+    q: torch.Tensor,
+    kpool: torch.Tensor,
+    vpool: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor | None,
+    max_q: int,
+    max_k: int,
+    *,
+    scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    enable_gqa: bool = False,
+    seqused_k: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`varlen_attn` with a block table, one SDPA call per sequence: what the CUDA backend
+    computes, runnable anywhere (tests, and bench/step_profile.py on CPU)."""
+    assert seqused_k is not None and block_table is not None
+    causal = tuple(window_size) == (-1, 0)
+    out = torch.empty_like(q)
+    starts, used = cu_q.tolist(), seqused_k.tolist()
+    for i, n in enumerate(used):
+        a, b = starts[i], starts[i + 1]
+        keys = gather(kpool, block_table[i : i + 1], n)
+        values = gather(vpool, block_table[i : i + 1], n)
+        mask = None
+        if causal:  # bottom-right aligned: query j sees keys up to n - (b - a) + j
+            last = torch.arange(b - a, device=q.device)[:, None] + n - (b - a)
+            mask = torch.arange(n, device=q.device)[None, :] <= last
+        att = F.scaled_dot_product_attention(
+            q[a:b].transpose(0, 1)[None],
+            keys,
+            values,
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
+        out[a:b] = att[0].transpose(0, 1)
+    return out

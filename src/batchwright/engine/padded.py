@@ -1,0 +1,74 @@
+"""Models that refuse batchwright's attention: padded forwards with transformers' own
+SDPA, on the same paged cache.
+
+A prefill runs the admitted prompts left-padded and then stores each prompt's keys and
+values in its blocks. A decode step gathers the rows' pages into a padded DynamicCache,
+runs one token per row with a mask over each row's own tokens, and stores the new token's
+keys and values back. Every step copies the rows' caches, so this path is for
+correctness, not speed (tests check it gives the same text as the fast one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import DynamicCache
+
+from batchwright.engine.backends import gather
+from batchwright.engine.paged import PagedCache
+
+if TYPE_CHECKING:
+    from batchwright.engine.admission import Placement
+    from batchwright.engine.runtime import Engine
+    from batchwright.engine.slots import Slots
+
+
+def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    out = []
+    for layer in cache.layers:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        assert keys is not None and values is not None, "only attention KV layers are supported"
+        out.append((keys, values))
+    return out
+
+
+def padded_prefill(engine: Engine, paged: PagedCache, placed: Sequence[Placement]) -> torch.Tensor:
+    """Logits [prompts, vocab] at each prompt's last token; keys and values stored."""
+    dev = engine.lm.device
+    width = max(p.length for p in placed)
+    ids = torch.zeros((len(placed), width), dtype=torch.long)
+    mask = torch.zeros((len(placed), width), dtype=torch.long)
+    for i, p in enumerate(placed):
+        ids[i, width - p.length :] = torch.tensor(p.unit.prompt)
+        mask[i, width - p.length :] = 1
+    ids, mask = ids.to(dev), mask.to(dev)
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    logits = engine.forward_last(ids, mask, positions, cache)
+    dest = torch.tensor([d for p in placed for d in p.dest], device=dev)
+    for layer, (k, v) in enumerate(_layers(cache)):
+        # [prompts, heads, width, dim] -> each prompt's own tokens as [tokens, heads, dim]
+        ks = [k[i, :, width - p.length :].transpose(0, 1) for i, p in enumerate(placed)]
+        vs = [v[i, :, width - p.length :].transpose(0, 1) for i, p in enumerate(placed)]
+        paged.write(layer, torch.cat(ks), torch.cat(vs), dest)
+    return logits
+
+
+def padded_decode(engine: Engine, paged: PagedCache, slots: Slots, n: int) -> torch.Tensor:
+    """One decode step for slots [0, n) (dead slots attend to their new token only)."""
+    lens = slots.lens[:n]
+    width = max((slots.hlen[i] for i in range(n) if slots.seqs[i] is not None), default=0)
+    cache = DynamicCache()
+    for layer in range(len(paged.keys)):
+        keys = gather(paged.keys[layer], paged.table[:n], width)
+        values = gather(paged.values[layer], paged.table[:n], width)
+        cache.update(keys, values, layer)
+    cols = torch.arange(width + 1, device=lens.device)[None, :]
+    mask = ((cols < lens[:, None]) | (cols == width)).long()
+    logits = engine.forward_last(slots.tokens[:n, None], mask, lens[:, None], cache)
+    dest = paged.decode_dest(lens, slots.alive[:n])
+    for layer, (k, v) in enumerate(_layers(cache)):
+        paged.write(layer, k[:, :, width], v[:, :, width], dest)
+    return logits
