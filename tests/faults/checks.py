@@ -17,8 +17,13 @@ class Outcome:
     errs: list[dict[str, Any]]
 
 
+# Bounds on waiting for conditions, not expectations of speed: on a shared machine under
+# heavy load a 300-line batch has taken over 120 s, which failed tests that were right.
+PATIENCE = 600.0
+
+
 def assert_batch_whole(
-    stack: Any, client: Any, batch_id: str, custom_ids: list[str], timeout: float = 120
+    stack: Any, client: Any, batch_id: str, custom_ids: list[str], timeout: float = PATIENCE
 ) -> Outcome:
     """Terminal status; every custom_id exactly once across output and error files;
     request_counts and usage equal the sums over the lines; the rows agree (no line left
@@ -71,7 +76,7 @@ def assert_batch_whole(
     return Outcome(batch, out, errs)
 
 
-def wait_progress(client: Any, batch_id: str, at_least: int = 1, timeout: float = 120) -> Any:
+def wait_progress(client: Any, batch_id: str, at_least: int = 1, timeout: float = PATIENCE) -> Any:
     """Poll until request_counts.completed >= at_least: the middle of the batch."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
