@@ -78,10 +78,10 @@ def test_two_models_two_workers_two_projects(svc: Service, no_torch: str) -> Non
 
     # Project A's big batch on `demo`; project B's small one arrives once A is running.
     big = submit(team_a, lines("a", A_LINES, "demo"))
-    svc.wait(lambda: done(svc, big.id) >= 50, what="A under way")
+    svc.wait(lambda: done(svc, big.id) >= 50, 900, "A under way")
     small = submit(team_b, lines("b", B_LINES, "demo"))
     a_at_submit = done(svc, big.id)
-    svc.wait(lambda: done(svc, small.id) == B_LINES, what="B's lines")
+    svc.wait(lambda: done(svc, small.id) == B_LINES, 900, "B's lines")
     a_at_finish = done(svc, big.id)
     # Both projects on `demo-b` meanwhile: the other worker takes them.
     others = [
