@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -136,6 +137,7 @@ def main() -> None:
     same = sum(x == y for x, y in zip(a, b, strict=True))
     print(f"resumed output: {len(ids)} lines, each custom_id once, in order; "
           f"{same} of {len(a)} completions identical to the full run")  # fmt: skip
+    shutil.rmtree(work)
 
 
 if __name__ == "__main__":
