@@ -55,7 +55,7 @@ def _peaked_logits(rows: int, vocab: int, step: int) -> torch.Tensor:
 
 
 def test_matches_batch_sampler_on_the_same_logits() -> None:
-    rows, vocab = 24, 1500
+    rows, vocab = 24, 5001  # two vocabulary blocks, the second padded
     kinds = _mix(rows, vocab)
     old = BatchSampler([_params(**k) for k in kinds], vocab, CPU)
     new = Sampler(rows, vocab, CPU)
@@ -112,7 +112,7 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> set[int]:
 
 
 def test_sampling_stays_inside_the_nucleus() -> None:
-    vocab, rows = 3000, 64
+    vocab, rows = 9001, 64  # four vocabulary blocks
     gen = torch.Generator().manual_seed(3)
     # A narrow nucleus (inside the candidate set) and a wide one (thousands of tokens).
     cases = [(4.0, 0.6), (0.3, 0.8)]

@@ -55,9 +55,10 @@ from batchwright.engine.sampling import TEMPERATURE_EPSILON, RowParams, StepOut
 
 # Candidates read off the adjusted logits (the nucleus of most rows fits in them).
 _CANDIDATES = 64
-# Log-probability bins below the C-th candidate, _PER_NAT per nat; the last is a catch-all.
-_BINS = 64
-_PER_NAT = 8
+# Log-probability bins below the C-th candidate, _PER_NAT per nat, 32 nats deep (tails that
+# far down rarely hold mass that matters); the last bin is a catch-all.
+_BINS = 512
+_PER_NAT = 16
 # Uniforms held per slot on the device; a slot's ring is topped up every _RING/2 steps.
 _RING = 64
 # Uniforms are kept below 1 by this much so u * total stays below total in float32.
@@ -74,8 +75,8 @@ class Tables(NamedTuple):
 
 
 def make_tables(vocab: int, device: torch.device) -> Tables:
-    # Blocks are sized so the (block, bin) table is about vocab / 8 cells per row.
-    n = max(1, min(vocab // (8 * _BINS), 256))
+    # Blocks are sized so the (block, bin) table is about vocab / 4 cells per row.
+    n = max(1, min(vocab // (4 * _BINS), 256))
     size = -(-vocab // n)
     blocks = -(-vocab // size)
     ids = torch.arange(blocks * size, device=device).view(blocks, size)
