@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from batchwright.engine.sampler import _PER_NAT, Sampler, sample_step
+from batchwright.engine.sampler import _PER_NAT, Sampler, greedy_step, sample_step
 from batchwright.engine.sampling import BatchSampler, RowParams, update_counts
 
 CPU = torch.device("cpu")
@@ -206,9 +206,9 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _ops(rows: int, kinds: list[dict[str, Any]]) -> Counter[str]:
+def _ops(rows: int, kinds: list[dict[str, Any]], *, shortcut: bool = False) -> Counter[str]:
     vocab = 2000
-    s = Sampler(64, vocab, CPU)
+    s = Sampler(64, vocab, CPU, shortcut=shortcut)
     s.admit(range(rows), [_params(**kinds[i % len(kinds)]) for i in range(rows)])
     logits = _peaked_logits(rows, vocab, 0)
     s.step(logits)
@@ -226,17 +226,25 @@ def test_op_count_does_not_depend_on_rows_or_parameters() -> None:
     assert _ops(48, mixed) == base
     views = {"aten.slice.Tensor", "aten.unsqueeze.default", "aten.view.default", "aten.select.int"}
     assert sum(n for op, n in base.items() if op not in views) <= 80
+    # The CPU shortcut for batches without a sampled row: one smaller graph, whatever B.
+    short = _ops(2, greedy, shortcut=True)
+    assert _ops(48, greedy, shortcut=True) == short
+    assert sum(short.values()) < sum(base.values()) / 2
+    assert _ops(48, mixed, shortcut=True) == base
 
 
 def test_step_compiles_without_graph_breaks() -> None:
     rows, vocab = 6, 700
     compiled = torch.compile(sample_step, fullgraph=True, backend="aot_eager")
+    compiled_greedy = torch.compile(greedy_step, fullgraph=True, backend="aot_eager")
     kinds = _mix(rows, vocab)
     a, b = Sampler(rows, vocab, CPU), Sampler(rows, vocab, CPU)
     a.admit(range(rows), [_params(**k) for k in kinds])
     b.admit(range(rows), [_params(**k) for k in kinds])
-    b._core = compiled
+    b._core, b._greedy_core = compiled, compiled_greedy
     for step in range(3):
         logits = _peaked_logits(rows, vocab, step)
         assert torch.equal(a.step(logits.clone()), b.step(logits.clone()))
+        # A batch of greedy rows only (slots 0 and 4) takes the shortcut graph.
+        assert torch.equal(a.step(logits[:1].clone()), b.step(logits[:1].clone()))
     assert torch.equal(a.counts, b.counts) and torch.equal(a.offset, b.offset)

@@ -68,24 +68,46 @@ _BELOW_ONE = 1.0 - 2.0**-23
 class Tables(NamedTuple):
     """Constant index tables of one vocabulary (built once per Sampler)."""
 
-    cells: torch.Tensor  # [vocab] long: first cell of each token's block in the table
+    cells: torch.Tensor  # [vocab] float: first cell of each token's block in the table
     block_ids: torch.Tensor  # [blocks, block] long: token ids per block (padded with vocab-1)
     block_valid: torch.Tensor  # [blocks, block] float: 1 for real ids, 0 for padding
     bins: torch.Tensor  # [1, _BINS] long: 0 .. _BINS-1
 
 
 def make_tables(vocab: int, device: torch.device) -> Tables:
-    # Blocks are sized so the (block, bin) table is about vocab / 4 cells per row.
-    n = max(1, min(vocab // (4 * _BINS), 256))
+    # The table ([blocks * _BINS] per row) and the block read by the draw cost about the
+    # same: sqrt(vocab / _BINS) blocks.
+    n = max(1, min(round(math.sqrt(vocab / _BINS)), 256))
     size = -(-vocab // n)
     blocks = -(-vocab // size)
     ids = torch.arange(blocks * size, device=device).view(blocks, size)
     return Tables(
-        cells=torch.arange(vocab, device=device) // size * _BINS,
+        cells=(torch.arange(vocab, device=device) // size * _BINS).float(),
         block_ids=ids.clamp(max=vocab - 1),
         block_valid=(ids < vocab).float(),
         bins=torch.arange(_BINS, device=device)[None, :],
     )
+
+
+def _finish(
+    token: torch.Tensor,
+    raw: torch.Tensor,
+    top: tuple[torch.Tensor, torch.Tensor],
+    offset: torch.Tensor,
+    counts: torch.Tensor,
+    inv_t: torch.Tensor,
+    presence: torch.Tensor,
+    frequency: torch.Tensor,
+    cursor: torch.Tensor,
+) -> torch.Tensor:
+    """State updates after the draw, and the packed result."""
+    # Penalties count the generated token: frequency each time, presence the first time.
+    seen = counts.gather(1, token)
+    pen = (frequency[:, None] + presence[:, None] * (seen == 0)) * inv_t[:, None]
+    offset.scatter_add_(1, token, -pen)
+    counts.scatter_add_(1, token, torch.ones_like(seen))
+    cursor.add_(1)
+    return torch.cat([token.float(), raw.gather(1, token), top[1].float(), top[0]], dim=1)
 
 
 def sample_step(
@@ -104,31 +126,28 @@ def sample_step(
 ) -> torch.Tensor:
     """One token per row; returns the packed [B, 2 + 2 k_top] float32 result.
 
-    Every per-row tensor has one row per row of `logits`; `top_p` is inf for rows that
-    keep the whole distribution; `counts`, `offset` and `cursor` are updated in place (they
-    may be views of the sampler's state)."""
+    Every per-row tensor has one row per row of `logits`. `offset` (penalties and bias) is
+    stored divided by the temperature, so z = logits / T + offset in one op; `top_p` is
+    inf for rows that keep the whole distribution; `counts`, `offset` and `cursor` are
+    updated in place (they may be views of the sampler's state)."""
     x = logits.float()
-    lse = torch.logsumexp(x, dim=-1, keepdim=True)
-    top_vals, top_ids = x.topk(k_top, dim=-1)
-    # Penalties and bias, then temperature (in place on the adjusted copy).
-    z = x + offset
-    z.mul_(inv_t[:, None])
+    raw = torch.log_softmax(x, dim=-1)
+    top = raw.topk(k_top, dim=-1)
+    z = torch.addcmul(offset, x, inv_t[:, None])
     cand, cand_ids = z.topk(min(_CANDIDATES, z.shape[1]), dim=-1)
-    zmax = cand[:, :1]
-    # Unnormalised probabilities are exp(z - zmax); their sum is exp(lse(z) - zmax).
-    target = top_p[:, None] * torch.exp(torch.logsumexp(z, dim=-1, keepdim=True) - zmax)
-    pc = torch.exp(cand - zmax)
+    p = torch.softmax(z, dim=-1)
+    pc = p.gather(1, cand_ids)
     cmass = pc.cumsum(dim=-1)
+    target = top_p[:, None]
     # A narrow nucleus ends among the candidates: its last token is exact (ties stay).
     narrow = cmass[:, -1:] >= target
     kept = ((cmass - pc) < target).sum(dim=-1, keepdim=True).clamp_(min=1)
     floor = torch.where(narrow, cand.gather(1, kept - 1), cand[:, -1:])
     # Mass per (vocabulary block, bin); bin d holds tokens d/_PER_NAT nats below `floor`
     # (bin 0: at or above it; the last bin: everything further down).
-    p = torch.exp(z - zmax)
-    depth = ((floor - z) * _PER_NAT).ceil_().clamp_(0, _BINS - 1)
+    depth = torch.sub(floor * _PER_NAT, z, alpha=_PER_NAT).ceil_().clamp_(0, _BINS - 1)
     table = p.new_zeros(p.shape[0], tables.block_ids.shape[0] * _BINS)
-    table.scatter_add_(1, tables.cells + depth.long(), p)
+    table.scatter_add_(1, (depth + tables.cells).long(), p)
     table = table.view(p.shape[0], -1, _BINS)
     # Bins are kept while the mass above them is below top_p; a narrow nucleus is bin 0.
     bins = table.sum(dim=1)
@@ -148,13 +167,31 @@ def sample_step(
     goal = torch.minimum(goal, wc[:, -1:] * _BELOW_ONE).clamp_(min=0.0)
     token = ids.gather(1, (wc <= goal).sum(dim=-1, keepdim=True))
     token = torch.where(greedy[:, None], cand_ids[:, :1], token)
-    chosen = x.gather(1, token) - lse
-    # Penalties count the generated token: frequency each time, presence the first time.
-    seen = counts.gather(1, token)
-    offset.scatter_add_(1, token, -(frequency[:, None] + presence[:, None] * (seen == 0)))
-    counts.scatter_add_(1, token, torch.ones_like(seen))
-    cursor.add_(1)
-    return torch.cat([token.float(), chosen, top_ids.float(), top_vals - lse], dim=1)
+    return _finish(token, raw, top, offset, counts, inv_t, presence, frequency, cursor)
+
+
+def greedy_step(
+    logits: torch.Tensor,
+    offset: torch.Tensor,
+    counts: torch.Tensor,
+    inv_t: torch.Tensor,
+    greedy: torch.Tensor,
+    top_p: torch.Tensor,
+    presence: torch.Tensor,
+    frequency: torch.Tensor,
+    ring: torch.Tensor,
+    cursor: torch.Tensor,
+    tables: Tables,
+    k_top: int,
+) -> torch.Tensor:
+    """`sample_step` for a batch without sampled rows (the CPU shortcut): the argmax of the
+    adjusted logits, same result and state updates."""
+    x = logits.float()
+    raw = torch.log_softmax(x, dim=-1)
+    top = raw.topk(k_top, dim=-1)
+    # max() rather than argmax(): the same first maximal index, faster on CPU.
+    token = (x + offset).max(dim=-1, keepdim=True).indices
+    return _finish(token, raw, top, offset, counts, inv_t, presence, frequency, cursor)
 
 
 class Sampler:
@@ -168,6 +205,7 @@ class Sampler:
         *,
         max_logprobs: int = 5,
         compile: bool = False,
+        shortcut: bool | None = None,
     ) -> None:
         if vocab >= 1 << 24:
             raise ValueError("token ids must be exact in float32 (vocab below 2**24)")
@@ -194,8 +232,13 @@ class Sampler:
         self._sampled = np.zeros(capacity, dtype=bool)
         self._params: list[RowParams | None] = [None] * capacity
         self._core: Callable[..., torch.Tensor] = sample_step
+        self._greedy_core: Callable[..., torch.Tensor] = greedy_step
         if compile:
             self._core = torch.compile(sample_step, fullgraph=True)
+            self._greedy_core = torch.compile(greedy_step, fullgraph=True)
+        # On CPU every op is a pass of its own and costs its elements: batches without a
+        # sampled row skip the draw. On accelerators one graph serves every batch.
+        self.shortcut = device.type == "cpu" if shortcut is None else shortcut
 
     # --- slot state ----------------------------------------------------------------------
 
@@ -228,6 +271,8 @@ class Sampler:
         self.inv_t[idx], self.top_p[idx] = floats[:, 0], floats[:, 1]
         self.presence[idx], self.frequency[idx] = floats[:, 2], floats[:, 3]
         self.greedy[idx] = self._to_device(torch.tensor(greedy))
+        # The offset is kept divided by the temperature (see sample_step).
+        bias_vals = bias_vals * floats[:, :1]
         self.offset[idx] = torch.zeros_like(self.offset[idx]).scatter_add_(1, bias_ids, bias_vals)
         self.counts[idx] = 0
         self.cursor[idx] = 0
@@ -275,13 +320,13 @@ class Sampler:
             n = logits.shape[0]
             self._ensure_uniforms(slice(0, n))
             state = [t[:n] for t in self._tensors()]
-            packed = self._core(logits, *state, self.tables, self.k_top)
+            packed = self._pick(slice(0, n))(logits, *state, self.tables, self.k_top)
             self._used[:n] += 1
             return packed
         self._ensure_uniforms(list(rows))
         idx = self._index(rows)
         state = [t.index_select(0, idx) for t in self._tensors()]
-        packed = self._core(logits, *state, self.tables, self.k_top)
+        packed = self._pick(list(rows))(logits, *state, self.tables, self.k_top)
         for t, new in zip(self._tensors(), state, strict=True):
             t[idx] = new
         self._used[list(rows)] += 1
@@ -313,6 +358,11 @@ class Sampler:
             self.ring,
             self.cursor,
         ]
+
+    def _pick(self, rows: slice | list[int]) -> Callable[..., torch.Tensor]:
+        if self.shortcut and not self._sampled[rows].any():
+            return self._greedy_core
+        return self._core
 
     def _index(self, slots: Sequence[int]) -> torch.Tensor:
         return self._to_device(torch.tensor(list(slots), dtype=torch.long))
