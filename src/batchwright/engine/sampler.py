@@ -10,8 +10,10 @@ Interface (slots are 0 .. capacity-1; by default logits row i is slot i):
     s.release(slots)              # finished rows: the slot turns greedy and plain
     s.move(src, dst)              # slot dst[i] takes slot src[i]'s state (compaction, swaps)
 
-`step` launches the same tensor ops whatever B and the parameter mix (greedy, nucleus,
-penalties, bias, logprobs): no host synchronisation, no per-row Python, no
+`shortcut` (default: on CPU only) lets a batch without sampled rows run `greedy_step`.
+
+Without the shortcut, `step` launches the same tensor ops whatever B and the parameter
+mix (greedy, nucleus, penalties, bias, logprobs): no host synchronisation, no per-row Python, no
 data-dependent shapes. It updates the state in place (generated-token counts, the
 penalty offset, the uniform cursors) and returns ONE float32 device tensor
 [B, 2 + 2 * max_logprobs]: column 0 the token id, 1 its logprob, then max_logprobs top
@@ -19,27 +21,30 @@ ids and their logprobs, best first (ids are exact in float32 below 2**24), so th
 does one device-to-host copy per step. The host side of a step is a few numpy operations;
 every _RING/2 steps or so it tops up the uniform rings (one host-to-device copy). The core,
 `sample_step`, is a pure function of tensors that runs under
-`torch.compile(fullgraph=True)`; `Sampler(compile=True)` uses it compiled (eager by
-default: on CPU compiling costs more than it saves at small vocabularies).
+`torch.compile(fullgraph=True)` (tested on CPU); `Sampler(compile=True)` uses it
+compiled. Eager is the default: compile time is paid per engine and per row count.
 
 Semantics are BatchSampler's (sampling.py): logprobs from the raw logits; penalties and
 logit_bias, then temperature; top_p; one uniform per step per sampled row from the row's
 own generator (pre-drawn into a per-slot ring on the device), inverse CDF over the kept
 tokens in vocabulary order. So a seeded row draws the same tokens whatever shares the
-batch, and the same tokens as BatchSampler did. Temperatures below TEMPERATURE_EPSILON
-are greedy (1 / 1e-45 overflows float32).
+batch, and the same tokens as BatchSampler did (wide nuclei aside, below).
+Temperatures below TEMPERATURE_EPSILON are greedy (1 / 1e-45 overflows float32).
 
-How: penalties and bias live in one [capacity, vocab] offset, updated in place: the bias
-scattered from padded (id, value) rows at admission, penalties at the chosen token after
-each step. The step reads [B, vocab] in: log-sum-exp of the raw logits, top-k of the raw
-logits (logprobs), the adjusted logits z (offset added, temperature applied in place) with
-their log-sum-exp, top-C of z (the greedy token, and the nucleus edge, exact, when the
-nucleus lies within the C most likely tokens: most rows), and one scatter pass summing
-probability mass per (vocabulary block, log-probability bin below the edge). Bins give
-the edge of wider nuclei: tokens within 1/_PER_NAT nat of their last token stay, like
-ties. The draw picks a block from the block sums and a token inside it. Under
-torch.compile the elementwise work fuses into those reductions (four passes: raw
-log-sum-exp with z and its log-sum-exp, two top-k, the scatter).
+How: penalties and bias live in one [capacity, vocab] offset kept divided by the row's
+temperature, updated in place: the bias scattered from padded (id, value) rows at
+admission, penalties at the chosen token after each step. The step reads [B, vocab] in:
+log_softmax of the raw logits and its top-k (logprobs), z = logits / T + offset (one
+addcmul), top-C of z (the greedy token, and the nucleus edge, exact, when the nucleus lies
+within the C most likely tokens: most rows), softmax of z, and one scatter pass summing
+probability per (vocabulary block, log-probability bin below the edge). Bins give the
+edge of wider nuclei: tokens within 1/_PER_NAT nat of their last token stay, like ties.
+The draw picks a block from the block sums and a token inside it (one block per row).
+Eager, that is about nine full-vocabulary passes (72 aten ops, views aside); under
+torch.compile the elementwise work can fuse into the reductions (log_softmax with z,
+softmax with the bin index and the scatter: five passes). Neither figure was measured on
+a GPU. On CPU, batches without a sampled row take `greedy_step` (18 ops, four passes):
+there every op costs its elements, and the full graph's op count is fixed anyway.
 """
 
 from __future__ import annotations
