@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from batchwright.engine.sampler import _PER_NAT, Sampler, greedy_step, sample_step
+from batchwright.engine.sampler import _PER_NAT, Sampler, greedy_step, plain_step, sample_step
 from batchwright.engine.sampling import BatchSampler, RowParams, update_counts
 
 CPU = torch.device("cpu")
@@ -226,10 +226,13 @@ def test_op_count_does_not_depend_on_rows_or_parameters() -> None:
     assert _ops(48, mixed) == base
     views = {"aten.slice.Tensor", "aten.unsqueeze.default", "aten.view.default", "aten.select.int"}
     assert sum(n for op, n in base.items() if op not in views) <= 80
-    # The CPU shortcut for batches without a sampled row: one smaller graph, whatever B.
-    short = _ops(2, greedy, shortcut=True)
-    assert _ops(48, greedy, shortcut=True) == short
-    assert sum(short.values()) < sum(base.values()) / 2
+    # The CPU shortcuts for batches without a sampled row: smaller graphs, whatever B.
+    plain = _ops(2, greedy, shortcut=True)
+    assert _ops(48, greedy, shortcut=True) == plain
+    penalised = [{"temperature": 0.0, "presence": 0.5, "logprobs": 2}]
+    short = _ops(2, penalised, shortcut=True)
+    assert _ops(48, penalised, shortcut=True) == short
+    assert sum(plain.values()) < sum(short.values()) < sum(base.values()) / 2
     assert _ops(48, mixed, shortcut=True) == base
 
 
@@ -242,9 +245,33 @@ def test_step_compiles_without_graph_breaks() -> None:
     a.admit(range(rows), [_params(**k) for k in kinds])
     b.admit(range(rows), [_params(**k) for k in kinds])
     b._core, b._greedy_core = compiled, compiled_greedy
+    b._plain_core = torch.compile(plain_step, fullgraph=True, backend="aot_eager")
     for step in range(3):
         logits = _peaked_logits(rows, vocab, step)
         assert torch.equal(a.step(logits.clone()), b.step(logits.clone()))
-        # A batch of greedy rows only (slots 0 and 4) takes the shortcut graph.
+        # Batches of greedy rows only take the shortcut graphs (slot 0 is plain greedy,
+        # slot 4 has a penalty and bias).
         assert torch.equal(a.step(logits[:1].clone()), b.step(logits[:1].clone()))
+        one = logits[4:5]
+        assert torch.equal(a.step(one.clone(), rows=[4]), b.step(one.clone(), rows=[4]))
     assert torch.equal(a.counts, b.counts) and torch.equal(a.offset, b.offset)
+
+
+def test_cpu_shortcuts_give_the_full_graphs_result() -> None:
+    vocab, rows = 900, 6
+    kinds = [
+        {"temperature": 0.0},
+        {"temperature": 0.0, "presence": 0.7, "frequency": 0.3, "bias": {5: 3.0}, "logprobs": 3},
+    ]
+    for kind in kinds:
+        fast = Sampler(rows, vocab, CPU, shortcut=True)
+        full = Sampler(rows, vocab, CPU, shortcut=False)
+        for s in (fast, full):
+            s.admit(range(rows), [_params(**kind, seed=i) for i in range(rows)])
+        for step in range(6):
+            logits = _peaked_logits(rows, vocab, step)
+            a, b = fast.unpack(fast.step(logits.clone())), full.unpack(full.step(logits.clone()))
+            assert a.tokens == b.tokens
+            assert torch.allclose(torch.tensor(a.chosen_logprobs), torch.tensor(b.chosen_logprobs))
+            if kind.get("logprobs"):
+                assert a.top_ids == b.top_ids

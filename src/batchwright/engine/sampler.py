@@ -10,7 +10,8 @@ Interface (slots are 0 .. capacity-1; by default logits row i is slot i):
     s.release(slots)              # finished rows: the slot turns greedy and plain
     s.move(src, dst)              # slot dst[i] takes slot src[i]'s state (compaction, swaps)
 
-`shortcut` (default: on CPU only) lets a batch without sampled rows run `greedy_step`.
+`shortcut` (default: on CPU only) lets a batch without sampled rows run `greedy_step`,
+and one of plain greedy rows (no bias, penalties or logprobs) `plain_step`.
 
 Without the shortcut, `step` launches the same tensor ops whatever B and the parameter
 mix (greedy, nucleus, penalties, bias, logprobs): no host synchronisation, no per-row Python, no
@@ -199,6 +200,29 @@ def greedy_step(
     return _finish(token, raw, top, offset, counts, inv_t, presence, frequency, cursor)
 
 
+def plain_step(
+    logits: torch.Tensor,
+    offset: torch.Tensor,
+    counts: torch.Tensor,
+    inv_t: torch.Tensor,
+    greedy: torch.Tensor,
+    top_p: torch.Tensor,
+    presence: torch.Tensor,
+    frequency: torch.Tensor,
+    ring: torch.Tensor,
+    cursor: torch.Tensor,
+    tables: Tables,
+    k_top: int,
+) -> torch.Tensor:
+    """The CPU shortcut for greedy rows without bias, penalties or logprobs: the argmax
+    and its logprob (their counts and offsets are never read, so they stay)."""
+    x = logits.float()
+    raw = torch.log_softmax(x, dim=-1)
+    token = x.max(dim=-1, keepdim=True).indices
+    cursor.add_(1)
+    return torch.cat([token.float(), raw.gather(1, token), raw.new_zeros(len(x), 2 * k_top)], 1)
+
+
 class Sampler:
     """Slot-indexed sampling state for up to `capacity` rows (see the module docstring)."""
 
@@ -235,12 +259,15 @@ class Sampler:
         self._drawn = np.zeros(capacity, dtype=np.int64)
         self._used = np.zeros(capacity, dtype=np.int64)
         self._sampled = np.zeros(capacity, dtype=bool)
+        self._plain = np.ones(capacity, dtype=bool)  # greedy, no bias, penalties, logprobs
         self._params: list[RowParams | None] = [None] * capacity
         self._core: Callable[..., torch.Tensor] = sample_step
         self._greedy_core: Callable[..., torch.Tensor] = greedy_step
+        self._plain_core: Callable[..., torch.Tensor] = plain_step
         if compile:
             self._core = torch.compile(sample_step, fullgraph=True)
             self._greedy_core = torch.compile(greedy_step, fullgraph=True)
+            self._plain_core = torch.compile(plain_step, fullgraph=True)
         # On CPU every op is a pass of its own and costs its elements: batches without a
         # sampled row skip the draw. On accelerators one graph serves every batch.
         self.shortcut = device.type == "cpu" if shortcut is None else shortcut
@@ -283,6 +310,7 @@ class Sampler:
         self.cursor[idx] = 0
         for slot, p, g in zip(slots, params, greedy, strict=True):
             self._sampled[slot] = not g
+            self._plain[slot] = g and not (p.logit_bias or p.penalised or p.logprobs is not None)
             self._params[slot] = p if not g else None
             self._drawn[slot] = self._used[slot] = 0
         self._top_up([s for s, g in zip(slots, greedy, strict=True) if not g])
@@ -297,6 +325,7 @@ class Sampler:
         self.frequency[idx] = 0.0
         for slot in slots:
             self._sampled[slot] = False
+            self._plain[slot] = True
             self._params[slot] = None
 
     def move(self, src: Sequence[int], dst: Sequence[int]) -> None:
@@ -309,7 +338,7 @@ class Sampler:
         for t in self._tensors():
             t[d] = t[s]
         si, di = np.asarray(src), np.asarray(dst)
-        for a in (self._ring, self._drawn, self._used, self._sampled):
+        for a in (self._ring, self._drawn, self._used, self._sampled, self._plain):
             a[di] = a[si]
         rngs = [self._params[i] for i in src]
         for i, r in zip(dst, rngs, strict=True):
@@ -365,9 +394,9 @@ class Sampler:
         ]
 
     def _pick(self, rows: slice | list[int]) -> Callable[..., torch.Tensor]:
-        if self.shortcut and not self._sampled[rows].any():
-            return self._greedy_core
-        return self._core
+        if not self.shortcut or self._sampled[rows].any():
+            return self._core
+        return self._plain_core if self._plain[rows].all() else self._greedy_core
 
     def _index(self, slots: Sequence[int]) -> torch.Tensor:
         return self._to_device(torch.tensor(list(slots), dtype=torch.long))
