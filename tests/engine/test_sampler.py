@@ -10,7 +10,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from batchwright.engine.sampler import _PER_NAT, Sampler, greedy_step, plain_step, sample_step
+from batchwright.engine.sample_step import _PER_NAT, greedy_step, plain_step, sample_step
+from batchwright.engine.sampler import Sampler
 from batchwright.engine.sampling import BatchSampler, RowParams, update_counts
 
 CPU = torch.device("cpu")
