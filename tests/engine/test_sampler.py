@@ -10,7 +10,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from batchwright.engine.sampler import _PER_NAT, Sampler, sample_step
+from batchwright.engine.sample_step import _PER_NAT, greedy_step, plain_step, sample_step
+from batchwright.engine.sampler import Sampler
 from batchwright.engine.sampling import BatchSampler, RowParams, update_counts
 
 CPU = torch.device("cpu")
@@ -55,7 +56,7 @@ def _peaked_logits(rows: int, vocab: int, step: int) -> torch.Tensor:
 
 
 def test_matches_batch_sampler_on_the_same_logits() -> None:
-    rows, vocab = 24, 1500
+    rows, vocab = 24, 5001  # two vocabulary blocks, the second padded
     kinds = _mix(rows, vocab)
     old = BatchSampler([_params(**k) for k in kinds], vocab, CPU)
     new = Sampler(rows, vocab, CPU)
@@ -112,7 +113,7 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> set[int]:
 
 
 def test_sampling_stays_inside_the_nucleus() -> None:
-    vocab, rows = 3000, 64
+    vocab, rows = 9001, 64  # four vocabulary blocks
     gen = torch.Generator().manual_seed(3)
     # A narrow nucleus (inside the candidate set) and a wide one (thousands of tokens).
     cases = [(4.0, 0.6), (0.3, 0.8)]
@@ -206,9 +207,9 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _ops(rows: int, kinds: list[dict[str, Any]]) -> Counter[str]:
+def _ops(rows: int, kinds: list[dict[str, Any]], *, shortcut: bool = False) -> Counter[str]:
     vocab = 2000
-    s = Sampler(64, vocab, CPU)
+    s = Sampler(64, vocab, CPU, shortcut=shortcut)
     s.admit(range(rows), [_params(**kinds[i % len(kinds)]) for i in range(rows)])
     logits = _peaked_logits(rows, vocab, 0)
     s.step(logits)
@@ -226,17 +227,52 @@ def test_op_count_does_not_depend_on_rows_or_parameters() -> None:
     assert _ops(48, mixed) == base
     views = {"aten.slice.Tensor", "aten.unsqueeze.default", "aten.view.default", "aten.select.int"}
     assert sum(n for op, n in base.items() if op not in views) <= 80
+    # The CPU shortcuts for batches without a sampled row: smaller graphs, whatever B.
+    plain = _ops(2, greedy, shortcut=True)
+    assert _ops(48, greedy, shortcut=True) == plain
+    penalised = [{"temperature": 0.0, "presence": 0.5, "logprobs": 2}]
+    short = _ops(2, penalised, shortcut=True)
+    assert _ops(48, penalised, shortcut=True) == short
+    assert sum(plain.values()) < sum(short.values()) < sum(base.values()) / 2
+    assert _ops(48, mixed, shortcut=True) == base
 
 
 def test_step_compiles_without_graph_breaks() -> None:
     rows, vocab = 6, 700
     compiled = torch.compile(sample_step, fullgraph=True, backend="aot_eager")
+    compiled_greedy = torch.compile(greedy_step, fullgraph=True, backend="aot_eager")
     kinds = _mix(rows, vocab)
     a, b = Sampler(rows, vocab, CPU), Sampler(rows, vocab, CPU)
     a.admit(range(rows), [_params(**k) for k in kinds])
     b.admit(range(rows), [_params(**k) for k in kinds])
-    b._core = compiled
+    b._core, b._greedy_core = compiled, compiled_greedy
+    b._plain_core = torch.compile(plain_step, fullgraph=True, backend="aot_eager")
     for step in range(3):
         logits = _peaked_logits(rows, vocab, step)
         assert torch.equal(a.step(logits.clone()), b.step(logits.clone()))
+        # Batches of greedy rows only take the shortcut graphs (slot 0 is plain greedy,
+        # slot 4 has a penalty and bias).
+        assert torch.equal(a.step(logits[:1].clone()), b.step(logits[:1].clone()))
+        one = logits[4:5]
+        assert torch.equal(a.step(one.clone(), rows=[4]), b.step(one.clone(), rows=[4]))
     assert torch.equal(a.counts, b.counts) and torch.equal(a.offset, b.offset)
+
+
+def test_cpu_shortcuts_give_the_full_graphs_result() -> None:
+    vocab, rows = 900, 6
+    kinds = [
+        {"temperature": 0.0},
+        {"temperature": 0.0, "presence": 0.7, "frequency": 0.3, "bias": {5: 3.0}, "logprobs": 3},
+    ]
+    for kind in kinds:
+        fast = Sampler(rows, vocab, CPU, shortcut=True)
+        full = Sampler(rows, vocab, CPU, shortcut=False)
+        for s in (fast, full):
+            s.admit(range(rows), [_params(**kind, seed=i) for i in range(rows)])
+        for step in range(6):
+            logits = _peaked_logits(rows, vocab, step)
+            a, b = fast.unpack(fast.step(logits.clone())), full.unpack(full.step(logits.clone()))
+            assert a.tokens == b.tokens
+            assert torch.allclose(torch.tensor(a.chosen_logprobs), torch.tensor(b.chosen_logprobs))
+            if kind.get("logprobs"):
+                assert a.top_ids == b.top_ids

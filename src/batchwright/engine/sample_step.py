@@ -1,0 +1,175 @@
+"""The tensor work of one sampling step, as pure functions (see sampler.py for the design).
+
+`sample_step` is the one fixed graph; `greedy_step` and `plain_step` are CPU shortcuts for
+batches without sampled rows. All run under torch.compile(fullgraph=True).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+# Candidates read off the adjusted logits (the nucleus of most rows fits in them).
+_CANDIDATES = 64
+# Log-probability bins below the C-th candidate, _PER_NAT per nat, 32 nats deep (tails that
+# far down rarely hold mass that matters); the last bin is a catch-all.
+_BINS = 512
+_PER_NAT = 16
+# Uniforms held per slot on the device; a slot's ring is topped up every _RING/2 steps.
+_RING = 64
+# Uniforms are kept below 1 by this much so u * total stays below total in float32.
+_BELOW_ONE = 1.0 - 2.0**-23
+
+
+class Tables(NamedTuple):
+    """Constant index tables of one vocabulary (built once per Sampler)."""
+
+    cells: torch.Tensor  # [vocab] float: first cell of each token's block in the table
+    block_ids: torch.Tensor  # [blocks, block] long: token ids per block (padded with vocab-1)
+    block_valid: torch.Tensor  # [blocks, block] float: 1 for real ids, 0 for padding
+    bins: torch.Tensor  # [1, _BINS] long: 0 .. _BINS-1
+
+
+def make_tables(vocab: int, device: torch.device) -> Tables:
+    # The table ([blocks * _BINS] per row) and the block read by the draw cost about the
+    # same: sqrt(vocab / _BINS) blocks.
+    n = max(1, min(round(math.sqrt(vocab / _BINS)), 256))
+    size = -(-vocab // n)
+    blocks = -(-vocab // size)
+    ids = torch.arange(blocks * size, device=device).view(blocks, size)
+    return Tables(
+        cells=(torch.arange(vocab, device=device) // size * _BINS).float(),
+        block_ids=ids.clamp(max=vocab - 1),
+        block_valid=(ids < vocab).float(),
+        bins=torch.arange(_BINS, device=device)[None, :],
+    )
+
+
+def _finish(
+    token: torch.Tensor,
+    raw: torch.Tensor,
+    top: tuple[torch.Tensor, torch.Tensor],
+    offset: torch.Tensor,
+    counts: torch.Tensor,
+    inv_t: torch.Tensor,
+    presence: torch.Tensor,
+    frequency: torch.Tensor,
+    cursor: torch.Tensor,
+) -> torch.Tensor:
+    """State updates after the draw, and the packed result."""
+    # Penalties count the generated token: frequency each time, presence the first time.
+    seen = counts.gather(1, token)
+    pen = (frequency[:, None] + presence[:, None] * (seen == 0)) * inv_t[:, None]
+    offset.scatter_add_(1, token, -pen)
+    counts.scatter_add_(1, token, torch.ones_like(seen))
+    cursor.add_(1)
+    return torch.cat([token.float(), raw.gather(1, token), top[1].float(), top[0]], dim=1)
+
+
+def sample_step(
+    logits: torch.Tensor,
+    offset: torch.Tensor,
+    counts: torch.Tensor,
+    inv_t: torch.Tensor,
+    greedy: torch.Tensor,
+    top_p: torch.Tensor,
+    presence: torch.Tensor,
+    frequency: torch.Tensor,
+    ring: torch.Tensor,
+    cursor: torch.Tensor,
+    tables: Tables,
+    k_top: int,
+) -> torch.Tensor:
+    """One token per row; returns the packed [B, 2 + 2 k_top] float32 result.
+
+    Every per-row tensor has one row per row of `logits`. `offset` (penalties and bias) is
+    stored divided by the temperature, so z = logits / T + offset in one op; `top_p` is
+    inf for rows that keep the whole distribution; `counts`, `offset` and `cursor` are
+    updated in place (they may be views of the sampler's state)."""
+    x = logits.float()
+    raw = torch.log_softmax(x, dim=-1)
+    top = raw.topk(k_top, dim=-1)
+    z = torch.addcmul(offset, x, inv_t[:, None])
+    cand, cand_ids = z.topk(min(_CANDIDATES, z.shape[1]), dim=-1)
+    p = torch.softmax(z, dim=-1)
+    pc = p.gather(1, cand_ids)
+    cmass = pc.cumsum(dim=-1)
+    target = top_p[:, None]
+    # A narrow nucleus ends among the candidates: its last token is exact (ties stay).
+    narrow = cmass[:, -1:] >= target
+    kept = ((cmass - pc) < target).sum(dim=-1, keepdim=True).clamp_(min=1)
+    floor = torch.where(narrow, cand.gather(1, kept - 1), cand[:, -1:])
+    # Mass per (vocabulary block, bin); bin d holds tokens d/_PER_NAT nats below `floor`
+    # (bin 0: at or above it; the last bin: everything further down).
+    depth = torch.sub(floor * _PER_NAT, z, alpha=_PER_NAT).ceil_().clamp_(0, _BINS - 1)
+    table = p.new_zeros(p.shape[0], tables.block_ids.shape[0] * _BINS)
+    table.scatter_add_(1, (depth + tables.cells).long(), p)
+    table = table.view(p.shape[0], -1, _BINS)
+    # Bins are kept while the mass above them is below top_p; a narrow nucleus is bin 0.
+    bins = table.sum(dim=1)
+    above = bins.cumsum(dim=-1) - bins
+    edge = torch.where(narrow, 0, (above < target).sum(dim=-1, keepdim=True) - 1)
+    blocks = (table * (tables.bins <= edge)[:, None, :]).sum(dim=-1)
+    # Inverse CDF in vocabulary order: the block, then the token inside it.
+    u = ring.gather(1, (cursor % ring.shape[1])[:, None])
+    cdf = blocks.cumsum(dim=-1)
+    goal = u * cdf[:, -1:]
+    b = (cdf <= goal).sum(dim=-1)
+    goal = goal - (cdf - blocks).gather(1, b[:, None])
+    ids = tables.block_ids.index_select(0, b)
+    w = p.gather(1, ids) * (depth.gather(1, ids) <= edge) * tables.block_valid.index_select(0, b)
+    wc = w.cumsum(dim=-1)
+    # Rounding (block sums against this cumsum) must not push the draw past the block.
+    goal = torch.minimum(goal, wc[:, -1:] * _BELOW_ONE).clamp_(min=0.0)
+    token = ids.gather(1, (wc <= goal).sum(dim=-1, keepdim=True))
+    token = torch.where(greedy[:, None], cand_ids[:, :1], token)
+    return _finish(token, raw, top, offset, counts, inv_t, presence, frequency, cursor)
+
+
+def greedy_step(
+    logits: torch.Tensor,
+    offset: torch.Tensor,
+    counts: torch.Tensor,
+    inv_t: torch.Tensor,
+    greedy: torch.Tensor,
+    top_p: torch.Tensor,
+    presence: torch.Tensor,
+    frequency: torch.Tensor,
+    ring: torch.Tensor,
+    cursor: torch.Tensor,
+    tables: Tables,
+    k_top: int,
+) -> torch.Tensor:
+    """`sample_step` for a batch without sampled rows (the CPU shortcut): the argmax of the
+    adjusted logits, same result and state updates."""
+    x = logits.float()
+    raw = torch.log_softmax(x, dim=-1)
+    top = raw.topk(k_top, dim=-1)
+    # max() rather than argmax(): the same first maximal index, faster on CPU.
+    token = (x + offset).max(dim=-1, keepdim=True).indices
+    return _finish(token, raw, top, offset, counts, inv_t, presence, frequency, cursor)
+
+
+def plain_step(
+    logits: torch.Tensor,
+    offset: torch.Tensor,
+    counts: torch.Tensor,
+    inv_t: torch.Tensor,
+    greedy: torch.Tensor,
+    top_p: torch.Tensor,
+    presence: torch.Tensor,
+    frequency: torch.Tensor,
+    ring: torch.Tensor,
+    cursor: torch.Tensor,
+    tables: Tables,
+    k_top: int,
+) -> torch.Tensor:
+    """The CPU shortcut for greedy rows without bias, penalties or logprobs: the argmax
+    and its logprob (their counts and offsets are never read, so they stay)."""
+    x = logits.float()
+    raw = torch.log_softmax(x, dim=-1)
+    token = x.max(dim=-1, keepdim=True).indices
+    cursor.add_(1)
+    return torch.cat([token.float(), raw.gather(1, token), raw.new_zeros(len(x), 2 * k_top)], 1)
