@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from batchwright.engine import backends
 from batchwright.engine import scheduler as sched_mod
 from batchwright.engine.demo import EOS_TOKEN, build_tokenizer
 from batchwright.engine.runtime import Engine
@@ -53,6 +54,7 @@ class Counts:
         self.views = 0
         self.syncs: Counter[str] = Counter()
         self.calls = 0
+        self.host_calls = 0  # Python calls recording tokens on the host (per row)
         self.paused = 0
 
     @property
@@ -94,7 +96,9 @@ def _host_sync_hooks(counts: Counts) -> Iterator[None]:
         return orig_tolist(self)
 
     def tensor(data: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if not counts.paused and not isinstance(data, torch.Tensor):
+        # The engine's host-to-device helper passes pin_memory (pinned and non-blocking
+        # on CUDA, no sync); any other tensor built from a list is a pageable copy.
+        if not counts.paused and not isinstance(data, torch.Tensor) and "pin_memory" not in kwargs:
             counts.syncs["tensor(list)"] += 1
         return orig_tensor(data, *args, **kwargs)
 
@@ -107,6 +111,9 @@ def _host_sync_hooks(counts: Counts) -> Iterator[None]:
         torch.tensor = orig_tensor
 
 
+_PROF: list[Any] = [None]
+
+
 @contextmanager
 def profiled(counts: Counts) -> Iterator[None]:
     def prof(frame: Any, event: str, arg: Any) -> None:
@@ -114,11 +121,13 @@ def profiled(counts: Counts) -> Iterator[None]:
             counts.calls += 1
 
     with _host_sync_hooks(counts), _OpCounter(counts):
+        _PROF[0] = prof
         sys.setprofile(prof)
         try:
             yield
         finally:
             sys.setprofile(None)
+            _PROF[0] = None
 
 
 def build_model(path: Path, hidden: int, vocab: int) -> Path:
@@ -172,30 +181,60 @@ def bodies(rows: int, mix: str, eos: int, vocab: int) -> list[dict[str, Any]]:
     return out
 
 
-def force_cuda_path() -> Callable[[], None]:
-    """Make a CPU engine take the code path it takes on CUDA; returns an undo."""
-    hook = getattr(sched_mod, "force_device_path", None)
-    if hook is not None:  # the scheduler knows how to pretend (see its docstring)
-        undo: Callable[[], None] = hook("cuda")
-        return undo
-    saved = dict(sched_mod._CALL_COST), dict(sched_mod._GROUP_ROWS)
-    sched_mod._CALL_COST.clear()
-    sched_mod._GROUP_ROWS.clear()
+def force_cuda_path(engine: Engine, counts_of: Callable[[], Counts | None]) -> None:
+    """Make a CPU engine take the code path it takes on CUDA: the varlen backend, with
+    varlen_attn's semantics computed on CPU and counted as the one op it is there."""
 
-    def restore() -> None:
-        sched_mod._CALL_COST.update(saved[0])
-        sched_mod._GROUP_ROWS.update(saved[1])
+    def stand_in(*args: Any, **kwargs: Any) -> torch.Tensor:
+        c = counts_of()
+        if c is not None:
+            c.ops["torch_attn::_varlen_attn"] += 1
+            c.paused += 1
+        try:
+            return backends.varlen_reference(*args, **kwargs)
+        finally:
+            if c is not None:
+                c.paused -= 1
 
-    return restore
+    engine.attention_backend = "varlen"
+    backends.VARLEN_IMPL = stand_in
+
+
+_ACTIVE: list[Counts] = []
 
 
 def profile_step(engine: Engine, reqs: list[dict[str, Any]], warm: int) -> Counts:
     """Counts of one decode step with no admission, `warm` such steps after the last
-    admission."""
+    admission. Python calls made while the host records each row's token (`_push`:
+    detokenising, stop matching, results; per row by nature) are counted apart."""
     counts = Counts()
     cls = sched_mod.Scheduler
     orig = cls._step
+    orig_push = cls._push
     seen = {"decode": 0, "done": False}
+
+    def push(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _ACTIVE:
+            return orig_push(self, *args, **kwargs)
+        c = _ACTIVE[0]
+        before = c.calls
+        c.paused += 1
+        sys.setprofile(None)
+        calls = Counter[str]()
+
+        def prof(frame: Any, event: str, arg: Any) -> None:
+            if event == "call":
+                calls["n"] += 1
+
+        sys.setprofile(prof)
+        try:
+            return orig_push(self, *args, **kwargs)
+        finally:
+            sys.setprofile(None)
+            c.host_calls += calls["n"]
+            c.calls = before
+            c.paused -= 1
+            sys.setprofile(_PROF[0])
 
     def step(self: Any, units: Any, *args: Any, **kwargs: Any) -> Any:
         if units or seen["done"]:
@@ -205,15 +244,21 @@ def profile_step(engine: Engine, reqs: list[dict[str, Any]], warm: int) -> Count
         if seen["decode"] < warm:
             return orig(self, units, *args, **kwargs)
         seen["done"] = True
-        with profiled(counts):
-            return orig(self, units, *args, **kwargs)
+        _ACTIVE.append(counts)
+        try:
+            with profiled(counts):
+                return orig(self, units, *args, **kwargs)
+        finally:
+            _ACTIVE.clear()
 
     cls._step = step  # type: ignore[method-assign]
+    cls._push = push  # type: ignore[method-assign]
     try:
         for _ in engine.run([GenRequest(i, b) for i, b in enumerate(reqs)]):
             pass
     finally:
         cls._step = orig  # type: ignore[method-assign]
+        cls._push = orig_push  # type: ignore[method-assign]
     return counts
 
 
@@ -228,41 +273,43 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     path = build_model(Path(tempfile.mkdtemp(prefix="bw-prof-")) / "qwen", args.hidden, args.vocab)
-    undo = (lambda: None) if args.cuda else force_cuda_path()
-    try:
-        layers = 24
-        print(
-            f"model: Qwen2.5-0.5B shape, hidden {args.hidden}, {layers} layers, heads 14/2, "
-            f"vocab {args.vocab}; {'CUDA' if args.cuda else 'CPU, CUDA path forced'}"
+    layers = 24
+    print(
+        f"model: Qwen2.5-0.5B shape, hidden {args.hidden}, {layers} layers, heads 14/2, "
+        f"vocab {args.vocab}; {'CUDA' if args.cuda else 'CPU, CUDA path forced'}"
+    )
+    print(
+        "rows  mix    syncs  ops(non-view)  ops/layer  views  python calls  "
+        "(+ host per-row)  sync detail"
+    )
+    for rows in args.rows:
+        spec = ModelSpec(
+            name="p",
+            path=path,
+            device="cuda" if args.cuda else "cpu",
+            max_rows=rows,
+            max_batch_tokens=1 << 16,
+            native_attention=False,
         )
-        print("rows  mix    syncs  ops(non-view)  ops/layer  views  python calls  sync detail")
-        for rows in args.rows:
-            spec = ModelSpec(
-                name="p",
-                path=path,
-                device="cuda" if args.cuda else "cpu",
-                max_rows=rows,
-                max_batch_tokens=1 << 16,
-                native_attention=False,
+        engine = Engine.load(spec)
+        if not args.cuda:
+            force_cuda_path(engine, lambda: _ACTIVE[0] if _ACTIVE else None)
+        eos = min(engine.lm.eos_ids)
+        for mix in ("greedy", "mixed"):
+            if args.cuda:
+                torch.cuda.set_sync_debug_mode("warn")
+            c = profile_step(engine, bodies(rows, mix, eos, args.vocab), args.warm)
+            if args.cuda:
+                torch.cuda.set_sync_debug_mode("default")
+            syncs = sum(c.syncs.values())
+            detail = ", ".join(f"{k} {v}" for k, v in sorted(c.syncs.items()))
+            print(
+                f"{rows:4d}  {mix:6s} {syncs:5d}  {c.total_ops:13d}  "
+                f"{c.total_ops / layers:9.1f}  {c.views:5d}  {c.calls:12d}  "
+                f"{c.host_calls:16d}  {detail}"
             )
-            engine = Engine.load(spec)
-            eos = min(engine.lm.eos_ids)
-            for mix in ("greedy", "mixed"):
-                if args.cuda:
-                    torch.cuda.set_sync_debug_mode("warn")
-                c = profile_step(engine, bodies(rows, mix, eos, args.vocab), args.warm)
-                if args.cuda:
-                    torch.cuda.set_sync_debug_mode("default")
-                syncs = sum(c.syncs.values())
-                detail = ", ".join(f"{k} {v}" for k, v in sorted(c.syncs.items()))
-                print(
-                    f"{rows:4d}  {mix:6s} {syncs:5d}  {c.total_ops:13d}  "
-                    f"{c.total_ops / layers:9.1f}  {c.views:5d}  {c.calls:12d}  {detail}"
-                )
-                if args.top:
-                    print("   ", ", ".join(f"{k} {v}" for k, v in c.ops.most_common(args.top)))
-    finally:
-        undo()
+            if args.top:
+                print("   ", ", ".join(f"{k} {v}" for k, v in c.ops.most_common(args.top)))
 
 
 if __name__ == "__main__":

@@ -110,3 +110,44 @@ def reference(
             q[a:b, :, None], keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa
         )[:, :, 0]
     return out
+
+
+def varlen_reference(
+    q: torch.Tensor,
+    kpool: torch.Tensor,
+    vpool: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor | None,
+    max_q: int,
+    max_k: int,
+    *,
+    scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    enable_gqa: bool = False,
+    seqused_k: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`varlen_attn` with a block table, one SDPA call per sequence: what the CUDA backend
+    computes, runnable anywhere (tests, and bench/step_profile.py on CPU)."""
+    assert seqused_k is not None and block_table is not None
+    causal = tuple(window_size) == (-1, 0)
+    out = torch.empty_like(q)
+    starts, used = cu_q.tolist(), seqused_k.tolist()
+    for i, n in enumerate(used):
+        a, b = starts[i], starts[i + 1]
+        keys = gather(kpool, block_table[i : i + 1], n)
+        values = gather(vpool, block_table[i : i + 1], n)
+        mask = None
+        if causal:  # bottom-right aligned: query j sees keys up to n - (b - a) + j
+            last = torch.arange(b - a, device=q.device)[:, None] + n - (b - a)
+            mask = torch.arange(n, device=q.device)[None, :] <= last
+        att = F.scaled_dot_product_attention(
+            q[a:b].transpose(0, 1)[None],
+            keys,
+            values,
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
+        out[a:b] = att[0].transpose(0, 1)
+    return out

@@ -33,6 +33,7 @@ class Engine:
         tok = lm.tokenizer
         self._token_text = lru_cache(maxsize=1 << 16)(self._decode_one)
         self._tok = tok
+        self.attention_backend = self._backend(lm)
 
     @classmethod
     def load(cls, spec: ModelSpec) -> Engine:
@@ -85,13 +86,12 @@ class Engine:
 
     # --- cache ---------------------------------------------------------------------------
 
-    @property
-    def attention_backend(self) -> str:
+    @staticmethod
+    def _backend(lm: LoadedModel) -> str:
         """How attention reads the paged cache (attention.py): varlen, native, reference."""
-        lm = self.lm
         if lm.native_attention:
             return "native"
-        if self.lm.device.type == "cuda" and lm.dtype in (torch.float16, torch.bfloat16):
+        if lm.device.type == "cuda" and lm.dtype in (torch.float16, torch.bfloat16):
             return "varlen"
         return "reference"
 

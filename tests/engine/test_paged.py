@@ -1,0 +1,193 @@
+"""The paged KV cache: blocks, the attention backends that read it, budgets and cancels."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from batchwright.engine import backends
+from batchwright.engine.blocks import SCRATCH, BlockAllocator, OutOfBlocks
+from batchwright.engine.demo import build_demo_model
+from batchwright.engine.native import paged_attention_kernel
+from batchwright.engine.scheduler import Scheduler
+from batchwright.engine.slots import bucket
+from batchwright.engine.types import GenRequest
+from tests.engine.conftest import Direct
+
+
+def test_blocks_are_reference_counted() -> None:
+    alloc = BlockAllocator(6, 4)
+    a = alloc.allocate(3)
+    assert SCRATCH not in a and len(set(a)) == 3 and alloc.free == 2
+    alloc.share(a[:2])  # a second row on the same prompt blocks
+    alloc.release(a)
+    assert alloc.free == 3  # the shared two are still held
+    assert [alloc.refs(b) for b in a] == [1, 1, 0]
+    with pytest.raises(OutOfBlocks):
+        alloc.allocate(4)
+    alloc.release(a[:2])
+    assert alloc.free == 5 and alloc.blocks_for(9) == 3
+    with pytest.raises(ValueError, match="released"):
+        alloc.release(a[:1])
+
+
+def _pages(lens: list[int], bs: int, heads: int, dim: int, gen: torch.Generator) -> Any:
+    """Pools with each row's tokens scattered over shuffled blocks, and the dense copy."""
+    need = sum(-(-n // bs) for n in lens) + 1
+    order = list(range(1, need))
+    random.Random(0).shuffle(order)
+    kpool = torch.randn(need, bs, heads, dim, generator=gen)
+    vpool = torch.randn(need, bs, heads, dim, generator=gen)
+    width = max(-(-n // bs) for n in lens)
+    table = torch.zeros(len(lens), width + 2, dtype=torch.int32)
+    for r, n in enumerate(lens):
+        for i in range(-(-n // bs)):
+            table[r, i] = order.pop()
+    return kpool, vpool, table
+
+
+def test_paged_backends_match_sdpa_per_row() -> None:
+    # Grouped-query heads, dead rows (length 0), lengths across block boundaries; blocks
+    # in shuffled order. The native kernel and the page-gather reference against SDPA on
+    # each row's own tokens.
+    gen = torch.Generator().manual_seed(5)
+    lens = [1, 16, 0, 17, 40, 2, 0, 33, 8]
+    bs, q_heads, kv_heads, dim = 8, 6, 2, 32
+    kpool, vpool, table = _pages(lens, bs, kv_heads, dim, gen)
+    q = torch.randn(len(lens), q_heads, dim, generator=gen)
+    want = torch.zeros_like(q)
+    for r, n in enumerate(lens):
+        if n:
+            k = backends.gather(kpool, table[r : r + 1], n)
+            v = backends.gather(vpool, table[r : r + 1], n)
+            want[r] = F.scaled_dot_product_attention(
+                q[r, :, None][None], k, v, scale=0.3, enable_gqa=True
+            )[0, :, 0]
+    runs = [(0, 2, 16), (3, 6, 40), (7, 9, 33)]
+    got = backends.reference(q, kpool, vpool, table, runs, lens, 0.3, True)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    kernel = paged_attention_kernel()
+    if kernel is None:
+        pytest.skip("no C++ toolchain to build the native kernel on this machine")
+    got = kernel(q, kpool, vpool, table, torch.tensor(lens), 0.3)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _bodies(vocab: int, eos: set[int], count: int, seed: int = 7) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        prompt = [t for t in (rng.randrange(3, vocab) for _ in range(rng.choice([3, 17, 40, 70])))]
+        prompt = [t for t in prompt if t not in eos] or [3]
+        out.append({"prompt": prompt, "max_tokens": 2 + (i * 5) % 11, "temperature": 0})
+    return out
+
+
+def _check_greedy(run: Any, eng: Any, ref: Direct, bodies: list[dict[str, Any]]) -> None:
+    for body, res in zip(bodies, run.many(bodies, eng), strict=True):
+        want = ref.greedy(body["prompt"], body["max_tokens"])
+        if want and want[-1] in ref.eos:
+            want = want[:-1]
+        assert res.completion["choices"][0]["text"] == eng.decode(want)
+
+
+def test_varlen_backend_bookkeeping(
+    run: Any, make_engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The CUDA backend's arguments (query offsets, lengths, block tables of decode rows
+    # and prompts in one call) built by the scheduler, with varlen_attn's semantics run
+    # on CPU: the text must be the full forward passes'. Grouped-query model.
+    monkeypatch.setattr(backends, "VARLEN_IMPL", backends.varlen_reference)
+    path = build_demo_model(tmp_path / "gqa", heads=4, kv_heads=2, seed=3)
+    eng = make_engine(path=path, max_rows=12, max_batch_tokens=200, native_attention=False)
+    eng.attention_backend = "varlen"
+    ref = Direct(eng)
+    _check_greedy(run, eng, ref, _bodies(eng.lm.vocab_size, set(ref.eos), 30))
+
+
+def test_kv_budget_admits_rows_as_blocks_free(run: Any, make_engine: Any, direct: Any) -> None:
+    # A cache of 160 tokens (10 blocks of 16) holds two or three of these rows at a time:
+    # the rest wait for blocks rather than rows, and every text is still exact.
+    eng = make_engine(max_rows=8, kv_tokens=160)
+    bodies = _bodies(eng.lm.vocab_size, set(direct.eos), 12, seed=3)
+    _check_greedy(run, eng, direct, bodies)
+    # One that can never fit gets a 400 naming max_tokens; the others still run.
+    big = {"prompt": "hello", "max_tokens": 300, "temperature": 0}
+    results = run.many([big, bodies[0]], eng)
+    assert results[0].status_code == 400 and results[0].error["param"] == "max_tokens"
+    assert results[1].status_code == 200
+
+
+def test_candidates_share_prompt_blocks(run: Any, make_engine: Any, direct: Any) -> None:
+    # 4 greedy candidates of a 21-token prompt: one full block shared, the partial block
+    # copied per candidate. All four must continue exactly like the direct greedy text.
+    eng = make_engine(max_rows=8)
+    prompt = direct.ids("The quick brown fox jumps over the lazy dog. A batch of requests")
+    body = {"prompt": prompt, "max_tokens": 9, "temperature": 0, "n": 4}
+    want = direct.greedy(prompt, 9)
+    if want and want[-1] in direct.eos:
+        want = want[:-1]
+    texts = [c["text"] for c in run.ok(body, eng)["choices"]]
+    assert texts == [eng.decode(want)] * 4
+
+
+def test_blocks_are_all_released(make_engine: Any, direct: Any) -> None:
+    # Finished rows give their blocks back at once; after the run nothing is held, also
+    # when the consumer stops reading early.
+    eng = make_engine(max_rows=6)
+    bodies = _bodies(eng.lm.vocab_size, set(direct.eos), 10)
+    reqs = [GenRequest(i, {"model": "t", **b, "n": 1 + i % 3}) for i, b in enumerate(bodies)]
+    sched = Scheduler(eng)
+    alloc = sched.cache.alloc
+    assert len(list(sched.run(reqs))) == len(reqs)
+    assert alloc.used == 0
+    sched = Scheduler(eng)
+    gen = sched.run(reqs)
+    next(gen)
+    assert sched.cache.alloc.used > 0
+    gen.close()
+    assert sched.cache.alloc.used == 0
+
+
+def test_cancelled_rows_leave_without_a_result(make_engine: Any, direct: Any) -> None:
+    # Keys returned by `cancelled` are dropped at once, running or still waiting, with
+    # no result; everything else completes as without the cancel.
+    eng = make_engine(max_rows=4)
+    bodies = _bodies(eng.lm.vocab_size, set(direct.eos), 12)
+    for i, b in enumerate(bodies):
+        b["max_tokens"] = 3 + 2 * i
+    reqs = [GenRequest(i, {"model": "t", **b}) for i, b in enumerate(bodies)]
+    plain = {r.key: r for r in eng.run(reqs)}
+    cancel: set[int] = set()
+    calls = 0
+
+    def cancelled() -> set[int]:
+        nonlocal calls
+        calls += 1
+        return cancel
+
+    sched = Scheduler(eng)
+    got = {}
+    for res in sched.run(reqs, cancelled):
+        got[res.key] = res
+        if len(got) == 1:
+            # One request surely running, and the last ones surely still waiting.
+            running = {s.job.key for s in sched.slots.seqs if s is not None}
+            cancel |= {min(running), 10, 11}
+    assert not cancel & set(got)
+    assert set(got) == set(plain) - cancel
+    for key, res in got.items():
+        assert res.completion["choices"][0]["text"] == plain[key].completion["choices"][0]["text"]
+    assert calls > 0 and sched.cache.alloc.used == 0
+
+
+def test_row_buckets() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert [bucket(n, 256, cpu) for n in (0, 1, 7, 200)] == [0, 1, 7, 200]
+    assert [bucket(n, 256, cuda) for n in (1, 8, 9, 65, 200, 256)] == [8, 8, 16, 128, 256, 256]
+    assert bucket(70, 100, cuda) == 100
