@@ -13,6 +13,7 @@ import orjson
 from sqlalchemy import delete, insert
 from sqlalchemy.orm import Session
 
+from batchwright.batches.prefix_key import prefix_key
 from batchwright.config import Settings
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.files.storage import iter_lines
@@ -183,6 +184,7 @@ def scan_input(session: Session, batch: Batch, registry: Registry, settings: Set
             "custom_id": custom_id,
             "body": orjson.dumps(body).decode(),
             "state": "queued",
+            "prefix_key": prefix_key(body.get("prompt")),
         }
         if body_error is not None:
             out.rejected += 1

@@ -62,7 +62,13 @@ class Lease:
                         # behind this very task on a solo worker) expires what is left.
                         or_(Batch.expires_at.is_(None), Batch.expires_at > now),
                     )
-                    .order_by(Batch.created_at, BatchRequest.batch_id, BatchRequest.line_no)
+                    # Within a batch, lines that start alike together (prefix_key).
+                    .order_by(
+                        Batch.created_at,
+                        BatchRequest.batch_id,
+                        BatchRequest.prefix_key,
+                        BatchRequest.line_no,
+                    )
                     .limit(limit)
                     .with_for_update(skip_locked=True, of=BatchRequest)
                 )
@@ -83,7 +89,7 @@ class Lease:
                 session.scalars(
                     select(BatchRequest)
                     .where(BatchRequest.id.in_(ids))
-                    .order_by(BatchRequest.line_no)
+                    .order_by(BatchRequest.batch_id, BatchRequest.prefix_key, BatchRequest.line_no)
                 )
             )
         return rows

@@ -17,6 +17,7 @@ from batchwright.worker.dispatch import FINALIZE, enqueue
 def write_results(session: Session, token: str, results: list[GenResult]) -> int:
     """Store results; returns how many landed. A row whose lease moved on is skipped."""
     deltas: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    cached: dict[str, int] = defaultdict(int)
     landed = 0
     # Batch rows first, in id order: finalize locks a batch and then its lines, so taking
     # the locks in that same order here rules out a deadlock between the two.
@@ -34,6 +35,7 @@ def write_results(session: Session, token: str, results: list[GenResult]) -> int
             "lease_expires_at": None,
             "prompt_tokens": result.prompt_tokens if ok else 0,
             "completion_tokens": result.completion_tokens if ok else 0,
+            "cached_tokens": result.cached_tokens if ok else 0,
             "error": None if ok else orjson.dumps(result.error).decode(),
         }
         moved = session.execute(
@@ -67,6 +69,7 @@ def write_results(session: Session, token: str, results: list[GenResult]) -> int
             delta[0] += 1
             delta[2] += result.prompt_tokens
             delta[3] += result.completion_tokens
+            cached[batch_id] += result.cached_tokens
         else:
             delta[1] += 1
     for batch_id, (done, failed, tin, tout) in deltas.items():
@@ -78,6 +81,7 @@ def write_results(session: Session, token: str, results: list[GenResult]) -> int
                 failed=Batch.failed + failed,
                 input_tokens=Batch.input_tokens + tin,
                 output_tokens=Batch.output_tokens + tout,
+                cached_tokens=Batch.cached_tokens + cached[batch_id],
             )
         )
         if remaining(session, batch_id) == 0:
