@@ -203,6 +203,10 @@ def force_cuda_path(engine: Engine, counts_of: Callable[[], Counts | None]) -> N
 _ACTIVE: list[Counts] = []
 
 
+class _Profiled(Exception):
+    pass
+
+
 def profile_step(engine: Engine, reqs: list[dict[str, Any]], warm: int) -> Counts:
     """Counts of one decode step with no admission, `warm` such steps after the last
     admission. Python calls made while the host records each row's token (`_push`:
@@ -247,15 +251,18 @@ def profile_step(engine: Engine, reqs: list[dict[str, Any]], warm: int) -> Count
         _ACTIVE.append(counts)
         try:
             with profiled(counts):
-                return orig(self, units, *args, **kwargs)
+                orig(self, units, *args, **kwargs)
         finally:
             _ACTIVE.clear()
+        raise _Profiled  # nothing more to measure: stop the run here
 
     cls._step = step  # type: ignore[method-assign]
     cls._push = push  # type: ignore[method-assign]
     try:
         for _ in engine.run([GenRequest(i, b) for i, b in enumerate(reqs)]):
             pass
+    except _Profiled:
+        pass
     finally:
         cls._step = orig  # type: ignore[method-assign]
         cls._push = orig_push  # type: ignore[method-assign]

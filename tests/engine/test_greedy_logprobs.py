@@ -43,7 +43,6 @@ def test_greedy_batch_equals_direct_argmax(run: Any, engine: Any, direct: Any) -
             top = row.topk(3)
             want_top: dict[str, float] = {}
             for t, v in zip(top.indices, top.values, strict=True):
-                # Distinct ids can share a text (byte fragments): the best logprob is kept.
                 want_top.setdefault(engine.token_text(int(t)), float(v))
             got = lp["top_logprobs"][i]
             for key, val in want_top.items():

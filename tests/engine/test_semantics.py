@@ -187,3 +187,14 @@ def test_max_tokens_zero_without_echo(run: Any) -> None:
     out = run.ok({"prompt": ["a", "b"], "max_tokens": 0, "n": 2})
     assert [c["text"] for c in out["choices"]] == ["", "", "", ""]
     assert out["usage"]["completion_tokens"] == 0
+
+
+def test_tiny_temperatures_are_greedy(run: Any) -> None:
+    # 1e-38 and 1e-45 are valid temperatures; dividing float32 logits by them overflows.
+    # Below the documented epsilon (1e-5) a row is greedy.
+    body = {"prompt": "The weather", "max_tokens": 12, "logprobs": 2, "logit_bias": EOS_BAN}
+    greedy = run.ok({**body, "temperature": 0})["choices"][0]
+    for t in (1e-45, 1e-38, 1e-30, 1e-6):
+        tiny = run.ok({**body, "temperature": t, "seed": 5})["choices"][0]
+        assert tiny["text"] == greedy["text"], t
+        assert tiny["logprobs"]["token_logprobs"] == greedy["logprobs"]["token_logprobs"], t

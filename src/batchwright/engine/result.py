@@ -29,8 +29,8 @@ def _top_dict(
 
 
 class _LogprobsBuilder:
-    def __init__(self, tok: TokenText, k: int) -> None:
-        self.tok, self.k = tok, k
+    def __init__(self, tok: TokenText, piece: TokenText, k: int) -> None:
+        self.tok, self.piece, self.k = tok, piece, k
         self.tokens: list[str] = []
         self.lps: list[float | None] = []
         self.tops: list[dict[str, float] | None] = []
@@ -38,12 +38,11 @@ class _LogprobsBuilder:
         self.pos = 0
 
     def add(self, tid: int, lp: float | None, top: dict[str, float] | None) -> None:
-        text = self.tok(tid)
-        self.tokens.append(text)
+        self.tokens.append(self.tok(tid))
         self.lps.append(lp)
         self.tops.append(top)
         self.offsets.append(self.pos)
-        self.pos += len(text)
+        self.pos += len(self.piece(tid))
 
     def build(self) -> Logprobs:
         return Logprobs(
@@ -54,7 +53,9 @@ class _LogprobsBuilder:
         )
 
 
-def _choice(job: Job, seq: Seq, index: int, decode: Decode, tok: TokenText) -> CompletionChoice:
+def _choice(
+    job: Job, seq: Seq, index: int, decode: Decode, tok: TokenText, piece: TokenText
+) -> CompletionChoice:
     req = job.req
     gen_ids = seq.out_ids[:-1] if seq.ended_by_eos else list(seq.out_ids)
     text = decode(gen_ids)
@@ -64,7 +65,7 @@ def _choice(job: Job, seq: Seq, index: int, decode: Decode, tok: TokenText) -> C
     logprobs = None
     if req.logprobs is not None:
         k = req.logprobs
-        b = _LogprobsBuilder(tok, k)
+        b = _LogprobsBuilder(tok, piece, k)
         if req.echo:
             prompt = job.prompts[seq.prompt_index]
             lps, tops = job.prompt_scores[seq.prompt_index]
@@ -93,8 +94,15 @@ def _choice(job: Job, seq: Seq, index: int, decode: Decode, tok: TokenText) -> C
 
 
 def build_result(
-    job: Job, *, model: str, fingerprint: str, decode: Decode, tok: TokenText
+    job: Job,
+    *,
+    model: str,
+    fingerprint: str,
+    decode: Decode,
+    tok: TokenText,
+    piece: TokenText | None = None,
 ) -> GenResult:
+    """`tok`: a token as logprobs write it; `piece`: its decoded text (text_offset)."""
     req = job.req
     choices: list[CompletionChoice] = []
     for p in range(len(job.prompts)):
@@ -103,7 +111,7 @@ def build_result(
             # best_of: the n candidates with the highest mean token logprob, best first.
             cands = sorted(cands, key=lambda s: (-s.score, s.cand))[: req.n]
         for j, seq in enumerate(cands):
-            choices.append(_choice(job, seq, p * req.n + j, decode, tok))
+            choices.append(_choice(job, seq, p * req.n + j, decode, tok, piece or tok))
     prompt_tokens = sum(len(p) for p in job.prompts)
     completion_tokens = sum(len(s.out_ids) for s in job.seqs)
     cached_tokens = sum(job.cached_tokens.values())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
-from functools import lru_cache
 from typing import Any
 
 import torch
@@ -14,6 +13,7 @@ from batchwright.engine.jobs import Job, PromptScores, prepare
 from batchwright.engine.loader import LoadedModel, load_model
 from batchwright.engine.paged import PagedCache, block_size_for, pool_blocks
 from batchwright.engine.result import build_result
+from batchwright.engine.token_keys import TokenKeys
 from batchwright.engine.types import GenRequest, GenResult
 from batchwright.registry import ModelSpec
 
@@ -31,8 +31,8 @@ class Engine:
         self.max_rows = max(1, spec.max_rows)
         self.max_batch_tokens = max(1, spec.max_batch_tokens)
         tok = lm.tokenizer
-        self._token_text = lru_cache(maxsize=1 << 16)(self._decode_one)
         self._tok = tok
+        self._keys = TokenKeys(tok, self.decode)
         self.attention_backend = self._backend(lm)
 
     @classmethod
@@ -46,11 +46,9 @@ class Engine:
             self._tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         )
 
-    def _decode_one(self, token: int) -> str:
-        return self.decode([token])
-
     def token_text(self, token: int) -> str:
-        return str(self._token_text(token))
+        """The token as logprobs write it (`bytes:\\xNN` for byte fragments)."""
+        return self._keys.key(token)
 
     # --- requests ------------------------------------------------------------------------
 
@@ -71,6 +69,7 @@ class Engine:
             fingerprint=self.system_fingerprint,
             decode=self.decode,
             tok=self.token_text,
+            piece=self._keys.text,
         )
 
     def run(

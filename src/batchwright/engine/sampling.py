@@ -14,6 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+# Temperatures below this are greedy: dividing logits by 1e-38 or 1e-45 overflows float32,
+# and below it the distribution is one token anyway unless logits tie within ~1e-4.
+TEMPERATURE_EPSILON = 1e-5
 # The nucleus boundary is first looked for among each row's _TOP most likely tokens (one
 # small top-k); rows whose nucleus is wider use log-probability buckets, 32 nats deep.
 _TOP = 64
@@ -61,9 +64,11 @@ class BatchSampler:
         def floats(values: list[float]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.float32, device=device)
 
-        self.sampled = [i for i, r in enumerate(rows) if r.temperature > 0.0]
+        self.sampled = [i for i, r in enumerate(rows) if r.temperature >= TEMPERATURE_EPSILON]
         self.sampled_rows = index(self.sampled)
-        self.greedy_rows = index([i for i, r in enumerate(rows) if r.temperature == 0.0])
+        self.greedy_rows = index(
+            [i for i, r in enumerate(rows) if r.temperature < TEMPERATURE_EPSILON]
+        )
         self.temperature = floats([rows[i].temperature for i in self.sampled])
         nucleus = [j for j, i in enumerate(self.sampled) if rows[i].top_p < 1.0]
         self.nucleus = index(nucleus)  # positions among the sampled rows
@@ -84,15 +89,6 @@ class BatchSampler:
 
     def step(self, logits: torch.Tensor, counts: torch.Tensor | None) -> StepOut:
         """Choose one token per row from `logits` [rows, vocab]."""
-        _, packed = self.sample(logits, counts)
-        return unpack(packed.tolist(), self.max_k if self.scored else None)
-
-    def sample(
-        self, logits: torch.Tensor, counts: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tokens [rows] (on the device) and everything the host needs of this step in one
-        float32 tensor [rows, 2 + 2 * max_k]: token, its raw logprob, then the top-k ids and
-        logprobs (ids below 2**24 are exact in float32)."""
         logits = logits.float()
         raw_lp = torch.log_softmax(logits, dim=-1)
         adj = logits
@@ -114,15 +110,15 @@ class BatchSampler:
             tokens[self.greedy_rows] = adj.index_select(0, self.greedy_rows).max(dim=-1).indices
             tokens[self.sampled_rows] = self._draw(adj.index_select(0, self.sampled_rows))
         # Logprobs come from the raw logits.
-        chosen = raw_lp.gather(1, tokens[:, None])
-        if not self.scored:
-            return tokens, torch.cat([tokens[:, None].float(), chosen], dim=1)
-        packed = raw_lp.new_zeros((len(self.rows), 2 + 2 * self.max_k))
-        packed[:, 0] = tokens
-        packed[:, 1:2] = chosen
-        vals, ids = raw_lp.index_select(0, self.scored_rows).topk(self.max_k, dim=-1)
-        packed[self.scored_rows, 2:] = torch.cat([ids.float(), vals], dim=1)
-        return tokens, packed
+        chosen = raw_lp.gather(1, tokens[:, None])[:, 0]
+        top_ids: list[list[int]] | None = None
+        top_lp: list[list[float]] | None = None
+        if self.scored:
+            top_ids, top_lp = [[] for _ in self.rows], [[] for _ in self.rows]
+            vals, ids = raw_lp.index_select(0, self.scored_rows).topk(self.max_k, dim=-1)
+            for i, row_ids, row_vals in zip(self.scored, ids.tolist(), vals.tolist(), strict=True):
+                top_ids[i], top_lp[i] = row_ids, row_vals
+        return StepOut(tokens.tolist(), chosen.tolist(), top_ids, top_lp)
 
     def _draw(self, adj: torch.Tensor) -> torch.Tensor:
         """Sample each of the sampled rows (`adj` holds just those) with its own generator."""
@@ -189,17 +185,10 @@ def _bucket_floor(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return vals.gather(1, (kept - 1)[:, None]).clamp_(min=0.0)
 
 
-def unpack(rows: list[list[float]], k: int | None) -> StepOut:
-    """The host's view of `BatchSampler.sample`'s packed output (`k`: None = no top-k)."""
-    tokens = [int(r[0]) for r in rows]
-    chosen = [r[1] for r in rows]
-    if k is None:
-        return StepOut(tokens, chosen, None, None)
-    ids = [[int(t) for t in r[2 : 2 + k]] for r in rows]
-    return StepOut(tokens, chosen, ids, [r[2 + k :] for r in rows])
-
-
-def update_counts(counts: torch.Tensor, tokens: torch.Tensor) -> None:
+def update_counts(counts: torch.Tensor, tokens: list[int]) -> None:
     """counts[row, token] += 1 for each row's new token (penalties count generated tokens)."""
-    rows = torch.arange(tokens.shape[0], device=counts.device)
-    counts.index_put_((rows, tokens), counts.new_ones(()).expand(tokens.shape[0]), accumulate=True)
+    if not tokens:
+        return
+    idx = torch.tensor(tokens, device=counts.device)
+    rows = torch.arange(len(tokens), device=counts.device)
+    counts.index_put_((rows, idx), torch.ones(len(tokens), device=counts.device), accumulate=True)

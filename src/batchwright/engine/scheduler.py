@@ -7,7 +7,8 @@ are read from the caller's iterable a bounded window ahead (longest generation f
 and admitted while slots and KV blocks last.
 
 What a steady decode step needs lives on the device and is updated in place when rows
-join or leave (slots.py): next tokens, lengths, block tables, token counts. The step
+join or leave (slots.py, sampler.py): next tokens, lengths, block tables, sampling
+parameters and token counts. The step
 reads back one packed tensor (tokens, logprobs, top-k) and nothing else; the host then
 records tokens, matches stops and builds results. Models that cannot take the
 variable-length attention go through padded.py, on the same paged cache.
@@ -15,7 +16,6 @@ variable-length attention go through padded.py, on the same paged cache.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
@@ -29,7 +29,8 @@ from batchwright.engine.backends import VarlenArgs
 from batchwright.engine.intake import Intake, Unit
 from batchwright.engine.jobs import Seq
 from batchwright.engine.padded import padded_decode, padded_prefill
-from batchwright.engine.sampling import BatchSampler, RowParams, StepOut, unpack, update_counts
+from batchwright.engine.sampler import Sampler
+from batchwright.engine.sampling import StepOut
 from batchwright.engine.slots import Slots
 from batchwright.engine.types import GenRequest, GenResult
 
@@ -38,8 +39,6 @@ if TYPE_CHECKING:
 
 Cancelled = Callable[[], AbstractSet[Any]]
 
-# Parameters of a dead slot: greedy and plain, so it costs nothing extra to sample.
-_IDLE = RowParams(0.0, 1.0, 0.0, 0.0, {}, None, random.Random(0))
 # Reference attention: on CPU, runs minimise tokens gathered plus this many per call
 # (about one SDPA call's cost); elsewhere runs of fixed size (each call is a launch).
 _CALL_COST = 120
@@ -53,9 +52,11 @@ class Scheduler:
         self.device = engine.lm.device
         self.vocab = engine.lm.vocab_size
         self.backend = engine.attention_backend
-        self.slots = Slots(engine, self.vocab)
+        self.slots = Slots(engine)
         self.cache = self.slots.cache
-        self.sampler: BatchSampler | None = None  # for slots [0, rows); None = rebuild
+        # Sampler slots 0..max_rows-1 are the batch slots; the rest take the candidates
+        # being admitted until their first token is drawn.
+        self.sampler = Sampler(2 * engine.max_rows, self.vocab, self.device)
         self.prefix = prefix.enabled(engine, self.cache)
 
     def run(
@@ -99,11 +100,12 @@ class Scheduler:
         gone = [i for i, s in enumerate(self.slots.seqs) if s is not None and s.job.key in keys]
         if gone:
             self.slots.finish(gone)
-            self.sampler = None
+            self.sampler.release(gone)
 
     def _compact(self) -> None:
-        if self.slots.compact():
-            self.sampler = None
+        moved = self.slots.compact()
+        if moved:
+            self.sampler.move(*moved)
 
     @torch.inference_mode()
     def _step(self, units: list[Unit]) -> list[GenResult]:
@@ -197,15 +199,10 @@ class Scheduler:
     def _advance(self, n: int, logits: torch.Tensor) -> list[GenResult]:
         """Sample every slot's next token; rows that finish leave at once."""
         s = self.slots
-        if self.sampler is None or len(self.sampler.rows) != n:
-            self.sampler = BatchSampler(
-                [q.params if q is not None else _IDLE for q in s.seqs[:n]], self.vocab, self.device
-            )
-        tokens, packed = self.sampler.sample(logits, s.counts[:n])
-        update_counts(s.counts[:n], tokens)
-        s.advance(n, tokens)
+        packed = self.sampler.step(logits)
+        s.advance(n, packed[:, 0].long())
         # The step's one read-back.
-        out = unpack(packed.tolist(), self.sampler.max_k if self.sampler.scored else None)
+        out = self.sampler.unpack(packed.cpu())
         seqs = s.seqs[:n]
         for i, q in enumerate(seqs):
             if q is not None:
@@ -215,7 +212,7 @@ class Scheduler:
         finished = [i for i, q in enumerate(seqs) if q is not None and i not in kept]
         if finished:
             s.finish(finished)
-            self.sampler = None
+            self.sampler.release(finished)
         return done
 
     def _admit(self, placed: Sequence[Placement], logits: torch.Tensor) -> list[GenResult]:
@@ -227,11 +224,10 @@ class Scheduler:
         seqs = [q for p in placed for q in p.unit.seqs]
         if len(seqs) != len(placed):
             logits = logits.index_select(0, s.host_long(index))
-        sampler = BatchSampler([q.params for q in seqs], self.vocab, self.device)
-        counts = torch.zeros((len(seqs), self.vocab), device=self.device)
-        tokens, packed = sampler.sample(logits, None)
-        update_counts(counts, tokens)
-        out = unpack(packed.tolist(), sampler.max_k if sampler.scored else None)
+        scratch = [s.max_rows + i for i in range(len(seqs))]
+        self.sampler.admit(scratch, [q.params for q in seqs])
+        packed = self.sampler.step(logits, rows=scratch)
+        out = self.sampler.unpack(packed.cpu())
         done, keep = self._push(seqs, out)
         kept = set(keep)
         rows: list[int] = []
@@ -244,8 +240,9 @@ class Scheduler:
             slots += got
             j += len(p.unit.seqs)
         if rows:
-            s.start(slots, tokens, counts, rows)
-        self.sampler = None
+            s.start(slots, packed[:, 0].long(), rows)
+            self.sampler.move([scratch[r] for r in rows], slots)
+        self.sampler.release(scratch)
         return done
 
     def _push(self, seqs: Sequence[Seq | None], out: StepOut) -> tuple[list[GenResult], list[int]]:

@@ -1,11 +1,11 @@
 """Batch slots: the per-row state a decode step reads, kept on the device.
 
-Slot i is row i of every step. Its next token, cached length, liveness and generated-token
-counts are device tensors of `max_rows` rows, written in place when rows start, finish or
-move, never rebuilt; its block list and sequence are host-side. A step runs over slots
-[0, rows): the highest live slot on CPU, a bucket of fixed sizes on CUDA (shapes a CUDA
-graph can be captured for). Dead slots inside that range compute a throw-away token that
-lands in the scratch block.
+Slot i is row i of every step. Its next token, cached length and liveness are device
+tensors of `max_rows` rows (the sampler keeps its per-slot state the same way), written
+in place when rows start, finish or move, never rebuilt; its block list and sequence are
+host-side. A step runs over slots [0, rows): up to the highest live slot on CPU, a bucket
+of fixed sizes on CUDA (shapes a CUDA graph can be captured for). Dead slots inside that
+range compute a throw-away token that lands in the scratch block.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def bucket(rows: int, max_rows: int, device: torch.device) -> int:
 
 
 class Slots:
-    def __init__(self, engine: Engine, vocab: int) -> None:
+    def __init__(self, engine: Engine) -> None:
         dev = engine.lm.device
         self.device = dev
         self.max_rows = r = engine.max_rows
@@ -43,7 +43,6 @@ class Slots:
         self.tokens = torch.zeros(r, dtype=torch.long, device=dev)
         self.lens = torch.zeros(r, dtype=torch.long, device=dev)  # tokens in the cache
         self.alive = torch.zeros(r, dtype=torch.bool, device=dev)
-        self.counts = torch.zeros((r, vocab), dtype=torch.float32, device=dev)
         self.arange_int = torch.arange(r + 1, dtype=torch.int32, device=dev)
         self.seqs: list[Seq | None] = [None] * r
         self.hlen = [0] * r  # host copy of lens for live slots
@@ -105,16 +104,13 @@ class Slots:
         self.give(spare)
         return use
 
-    def start(
-        self, slots: list[int], tokens: torch.Tensor, counts: torch.Tensor, rows: list[int]
-    ) -> None:
-        """Device state of new rows in `slots`: candidate `rows` of `tokens` and `counts`."""
+    def start(self, slots: list[int], tokens: torch.Tensor, rows: list[int]) -> None:
+        """Device state of new rows in `slots`: their first tokens are `tokens[rows]`."""
         idx = self.host_long(slots)
         src = self.host_long(rows)
         self.tokens.index_copy_(0, idx, tokens.index_select(0, src))
         self.lens.index_copy_(0, idx, self.host_long([self.hlen[s] for s in slots]))
         self.alive.index_fill_(0, idx, True)
-        self.counts.index_copy_(0, idx, counts.index_select(0, src))
         self.cache.upload(slots, idx)
 
     def advance(self, n: int, tokens: torch.Tensor) -> None:
@@ -136,18 +132,19 @@ class Slots:
         self.lens.index_fill_(0, idx, 0)
         self.cache.table.index_fill_(0, idx, 0)
 
-    def compact(self) -> bool:
+    def compact(self) -> tuple[list[int], list[int]] | None:
         """Move rows from the top into holes below so the step runs fewer rows (only the
-        block-table rows and per-row state move, never keys or values)."""
+        block-table rows and per-row state move, never keys or values). Returns the moves
+        (sources, destinations) for the sampler's state."""
         live = self.live
         if bucket(live, self.max_rows, self.device) >= self.rows_for_step():
-            return False
+            return None
         holes = sorted(s for s in self._free if s < live)
         movers = [s for s in range(self.top - 1, -1, -1) if self.seqs[s] is not None][: len(holes)]
         if not holes:
-            return False
+            return None
         dst, src = self.host_long(holes), self.host_long(movers)
-        for t in (self.tokens, self.lens, self.alive, self.counts, self.cache.table):
+        for t in (self.tokens, self.lens, self.alive, self.cache.table):
             t.index_copy_(0, dst, t.index_select(0, src))
         self._reset(src)
         for a, b in zip(movers, holes, strict=True):
@@ -157,7 +154,7 @@ class Slots:
         self._free = [s for s in self._free if s >= live] + movers
         heapq.heapify(self._free)
         self.top = live
-        return True
+        return movers, holes
 
     def release_all(self) -> None:
         """Give every block back (the run ended, or its consumer stopped early)."""
