@@ -119,7 +119,8 @@ def main() -> None:
     print(
         f"model: {type(model).__name__} {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
         f"params, {on.lm.dtype} on {on.lm.device}, max_rows {rows}, block size {bs}, "
-        f"attention {on.attention_backend}, torch threads {torch.get_num_threads()}"
+        f"attention {on.attention_backend}, torch threads {torch.get_num_threads()}",
+        flush=True,
     )
 
     def toks(k: int) -> list[int]:
@@ -150,12 +151,13 @@ def main() -> None:
     times: dict[str, list[float]] = {k: [] for k in systems}
     info: dict[str, tuple[int, int]] = {}
     peak: dict[str, float] = {}
-    for _ in range(repeat):
+    for r in range(repeat):
         for name, fn in systems.items():
             sec, tokens, cached = fn()
             times[name].append(sec)
             info[name] = (tokens, cached)
             peak.setdefault(name, rss_mib())
+            print(f"  round {r + 1}: {name}: {sec:.2f}s", flush=True)
     best = {k: min(v) for k, v in times.items()}
     for name in systems:
         tokens, cached = info[name]

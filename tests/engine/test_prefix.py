@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from batchwright.engine import backends
 from batchwright.engine.blocks import OutOfBlocks
 from batchwright.engine.demo import build_demo_model
 from batchwright.engine.native import decode_attention_kernel
@@ -46,7 +47,9 @@ def _bodies(vocab: int, eos: set[int]) -> list[dict[str, Any]]:
     return bodies
 
 
-def _compare(run: Any, make_engine: Any, path: Path, native: bool) -> None:
+def _compare(
+    run: Any, make_engine: Any, path: Path, native: bool, backend: str | None = None
+) -> None:
     if native and decode_attention_kernel() is None:
         pytest.skip("no C++ toolchain to build the native kernel on this machine")
     # Few rows: later lines join as earlier ones leave, so reuse happens both within one
@@ -54,7 +57,9 @@ def _compare(run: Any, make_engine: Any, path: Path, native: bool) -> None:
     spec = {"path": path, "max_rows": 5, "max_batch_tokens": 300, "native_attention": native}
     on = make_engine(**spec)
     off = make_engine(prefix_cache=False, **spec)
-    assert on.attention_backend == ("native" if native else "reference")
+    if backend is not None:
+        on.attention_backend = off.attention_backend = backend
+    assert on.attention_backend == (backend or ("native" if native else "reference"))
     ref = Direct(on)
     bodies = _bodies(on.lm.vocab_size, set(ref.eos))
     with_reuse, without = run.many(bodies, on), run.many(bodies, off)
@@ -101,6 +106,17 @@ def test_reuse_with_grouped_query_attention(
 ) -> None:
     path = build_demo_model(tmp_path / "gqa", heads=4, kv_heads=2, seed=3)
     _compare(run, make_engine, path, native)
+
+
+def test_reuse_through_the_varlen_bookkeeping(
+    run: Any, make_engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The CUDA backend's arguments with reuse (queries: the new tokens; keys: the whole
+    # prompt through its block table), run with varlen_attn's semantics on CPU. The CUDA
+    # kernel itself has not run here (no GPU).
+    monkeypatch.setattr(backends, "VARLEN_IMPL", backends.varlen_reference)
+    path = build_demo_model(tmp_path / "gqa", heads=4, kv_heads=2, seed=3)
+    _compare(run, make_engine, path, native=False, backend="varlen")
 
 
 def _prompt(*blocks: int, tail: int = 1) -> list[int]:
