@@ -19,7 +19,7 @@ from batchwright.engine.native import decode_attention_kernel
 from batchwright.registry import DEMO_MODEL, ModelSpec
 
 # Bump when a change in the engine can change outputs for the same weights and parameters.
-ENGINE_VERSION = "3"
+ENGINE_VERSION = "4"
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _FULL_HASH_LIMIT = 64 * 1024 * 1024
@@ -127,6 +127,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         "device": device.type,
         "max_rows": spec.max_rows,
         "max_batch_tokens": spec.max_batch_tokens,
+        "kv_tokens": spec.kv_tokens,
         "context_length": context,
         "varlen": varlen,
         "native_attention": native,

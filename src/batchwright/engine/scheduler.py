@@ -58,6 +58,11 @@ class Scheduler:
         # being admitted until their first token is drawn.
         self.sampler = Sampler(2 * engine.max_rows, self.vocab, self.device)
         self.prefix = prefix.enabled(engine, self.cache)
+        # On CUDA the host works one step behind: it records step t's tokens while step
+        # t + 1 runs (rows that finished run one extra step, dropped). On CPU nothing runs
+        # while the host works, so the extra step would only cost.
+        self.lag = self.device.type == "cuda" and engine.lm.varlen
+        self._pending: Outputs | None = None
 
     def run(
         self, requests: Iterable[GenRequest], cancelled: Cancelled | None = None
@@ -77,6 +82,8 @@ class Scheduler:
                     prompt_cost=prompt_cost,
                 )
                 if not units and not intake.pending:
+                    # Rows move only when no step's tokens are still to be recorded.
+                    yield from self._drain()
                     self._compact()
                 if not units and not s.live and intake.pending:
                     cache = self.cache
@@ -84,7 +91,9 @@ class Scheduler:
                     continue
                 if units or s.live:
                     yield from self._step(units)
-                if not units and not s.live and intake.drained:
+                else:
+                    yield from self._drain()
+                if not units and not s.live and self._pending is None and intake.drained:
                     return
         finally:
             self.slots.release_all()
@@ -172,7 +181,8 @@ class Scheduler:
         seqused = torch.where(s.alive[:n], s.lens[:n] + 1, 1).int()
         table = self.cache.table[:n]
         cu_q = s.arange_int[: n + 1]
-        max_q, max_k = 1, max(s.hlen[:n], default=0) + 1
+        # hlen trails by a step when the host works one behind: an upper bound is enough.
+        max_q, max_k = 1, max(s.hlen[:n], default=0) + 1 + int(self.lag)
         if placed:
             lengths = [p.length for p in placed]
             new = [p.length - p.cached for p in placed]  # queries after a cached prefix
@@ -197,13 +207,32 @@ class Scheduler:
         return done
 
     def _advance(self, n: int, logits: torch.Tensor) -> list[GenResult]:
-        """Sample every slot's next token; rows that finish leave at once."""
+        """Sample every slot's next token. With `lag` the host records the previous
+        step's tokens now, while this one runs, and this one's at the next step."""
         s = self.slots
         packed = self.sampler.step(logits)
         s.advance(n, packed[:, 0].long())
-        # The step's one read-back.
-        out = self.sampler.unpack(packed.cpu())
-        seqs = s.seqs[:n]
+        # The step's one read-back, started without waiting on CUDA.
+        step = Outputs(packed, s.seqs[:n])
+        if not self.lag:
+            return self._record(step)
+        done = self._drain()
+        self._pending = step
+        return done
+
+    def _drain(self) -> list[GenResult]:
+        step, self._pending = self._pending, None
+        return self._record(step) if step is not None else []
+
+    def _record(self, step: Outputs) -> list[GenResult]:
+        """Record a step's tokens for the rows that still hold their slots; rows that
+        finish leave at once (with lag they ran one more step, whose token is dropped)."""
+        s = self.slots
+        out = self.sampler.unpack(step.host())
+        seqs = [
+            q if q is not None and q.finish is None and s.seqs[i] is q else None
+            for i, q in enumerate(step.seqs)
+        ]
         for i, q in enumerate(seqs):
             if q is not None:
                 s.hlen[i] += 1
@@ -264,6 +293,26 @@ class Scheduler:
             else:
                 keep.append(i)
         return done, keep
+
+
+class Outputs:
+    """A step's packed outputs on their way to the host, and the rows they belong to."""
+
+    def __init__(self, packed: torch.Tensor, seqs: list[Seq | None]) -> None:
+        self.seqs = seqs
+        self.event: torch.cuda.Event | None = None
+        if packed.device.type == "cuda":
+            self.packed = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            self.packed.copy_(packed, non_blocking=True)
+            self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self.event.record()
+        else:
+            self.packed = packed
+
+    def host(self) -> torch.Tensor:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.packed.cpu()
 
 
 def _max_new(unit: Unit) -> int:
