@@ -35,6 +35,15 @@ class ModelSpec(BaseModel):
     # KV-cache budget in tokens (paged blocks; rows are admitted while it lasts). Default:
     # max_rows rows of full context, on CUDA at most 60 % of the memory free after loading.
     kv_tokens: int | None = None
+    # Shared-prefix reuse: full prompt blocks stay in the paged cache, indexed by their
+    # tokens, and later prompts that start with them skip their prefill (engine/prefix.py).
+    # Off by default until its overhead on batches without shared prefixes is understood
+    # (measured slower on a loaded machine; see docs/prefix.md): turn it on per model.
+    prefix_cache: bool = False
+    # Tokens of cached prefixes kept once no running row uses them (LRU beyond that; they
+    # also give way to new rows when the KV budget runs out). Default: on CUDA the whole
+    # pool (allocated anyway), elsewhere 8192 (memory a CPU worker keeps resident).
+    prefix_cache_tokens: int | None = None
 
 
 class Registry(BaseModel):

@@ -119,4 +119,5 @@ def test_max_tokens_zero_echo_scores_prompt(run: Any, direct: Any) -> None:
         "prompt_tokens": len(ids),
         "completion_tokens": 0,
         "total_tokens": len(ids),
+        "prompt_tokens_details": {"cached_tokens": 0},
     }

@@ -178,6 +178,7 @@ def test_usage_matches_tokenizer_counts(run: Any, direct: Any) -> None:
         "prompt_tokens": n_prompt,
         "completion_tokens": 2 * 3 * 7,
         "total_tokens": n_prompt + 42,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
     assert len(out["choices"]) == 4
 

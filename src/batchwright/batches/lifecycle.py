@@ -135,6 +135,8 @@ def recount(session: Session, batch: Batch) -> None:
         select(
             func.coalesce(func.sum(BatchRequest.prompt_tokens), 0),
             func.coalesce(func.sum(BatchRequest.completion_tokens), 0),
+            func.coalesce(func.sum(BatchRequest.cached_tokens), 0),
         ).where(BatchRequest.batch_id == batch.id)
     ).one()
     batch.input_tokens, batch.output_tokens = int(tokens[0]), int(tokens[1])
+    batch.cached_tokens = int(tokens[2])

@@ -143,6 +143,7 @@ def to_wire(batch: Batch) -> BatchObject:
         metadata=batch.metadata_,
         usage=BatchUsage(
             input_tokens=batch.input_tokens,
+            input_tokens_details={"cached_tokens": batch.cached_tokens},
             output_tokens=batch.output_tokens,
             total_tokens=batch.input_tokens + batch.output_tokens,
         ),

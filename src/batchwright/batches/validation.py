@@ -13,6 +13,7 @@ import orjson
 from sqlalchemy import delete, insert
 from sqlalchemy.orm import Session
 
+from batchwright.batches.prefix_key import prefix_key
 from batchwright.batches.quotas import TokenCounter
 from batchwright.config import Settings
 from batchwright.db.models import Batch, BatchRequest
@@ -210,6 +211,7 @@ def scan_input(session: Session, batch: Batch, registry: Registry, settings: Set
         if out.errors:
             continue  # the batch fails anyway: keep scanning for errors, store nothing
         row, request = _body_row(line_no, custom_id, body, settings)
+        row["prefix_key"] = prefix_key(body.get("prompt"))
         if request is not None and row["state"] == "queued":
             counter = counter or TokenCounter(registry, out.model)
             out.tokens += counter.line(request)

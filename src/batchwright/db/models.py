@@ -109,6 +109,8 @@ class Batch(Base):
     failed: Mapped[int] = mapped_column(Integer, default=0)
     input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Input tokens served from the engine's prefix cache (usage.input_tokens_details).
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
     metadata_: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON)
     # Last time the sweeper or a worker pushed this batch; lets the sweeper spot stuck ones.
@@ -157,6 +159,10 @@ class BatchRequest(Base):
     error: Mapped[str | None] = mapped_column(Text)
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cached_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Lines with the same key start alike (batches/prefix_key.py); claims hand them out
+    # together so a worker prefills their shared prefix once.
+    prefix_key: Mapped[str | None] = mapped_column(String(16))
 
 
 class Completion(Base):

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from batchwright.engine.intake import Unit
 from batchwright.engine.paged import PagedCache
+from batchwright.engine.prefix import PrefixBlocks, prefix_blocks
 
 if TYPE_CHECKING:
     from batchwright.engine.slots import Slots
@@ -21,21 +22,32 @@ class Placement:
     slots: list[int]
     length: int  # prompt tokens
     total: int  # prompt plus the most tokens a candidate may generate
-    dest: list[int]  # flat pool position of each prompt token
+    dest: list[int]  # flat pool position of each prompt token the prefill computes
+    cached: int = 0  # leading prompt tokens already in the cache (prefix.py)
 
     @property
     def slot(self) -> int:
         return self.slots[0]
 
 
-def place(cache: PagedCache, slots: Slots, units: list[Unit]) -> list[Placement]:
-    """Admission already checked that slots and blocks suffice (Intake.admit)."""
+def place(
+    cache: PagedCache, slots: Slots, units: list[Unit], prefix: PrefixBlocks | None = None
+) -> list[Placement]:
+    """Admission already checked that slots and blocks suffice (Intake.admit). With a
+    prefix index, a prompt's cached full blocks are shared and the rest allocated."""
     out = []
     for u in units:
         taken = slots.take(len(u.seqs))
         length = len(u.prompt)
         job = u.job
         total = length + min(job.req.max_tokens, job.context_length - length)
-        cache.assign(taken[0], cache.alloc.allocate(cache.alloc.blocks_for(total)))
-        out.append(Placement(u, taken, length, total, cache.prompt_dest(taken[0], length)))
+        if prefix is None:
+            cache.assign(taken[0], cache.alloc.allocate(cache.alloc.blocks_for(total)))
+            cached = 0
+        else:
+            blocks, cached = prefix_blocks(prefix, u.prompt, total)
+            cache.assign(taken[0], blocks)
+            job.cached_tokens.setdefault(u.prompt_index, cached)
+        dest = cache.prompt_dest(taken[0], length)[cached:]
+        out.append(Placement(u, taken, length, total, dest, cached))
     return out

@@ -29,7 +29,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from batchwright.engine import backends
+from batchwright.engine import backends, prefix_attention
 from batchwright.engine.paged import PagedCache
 
 NAME = "batchwright"
@@ -54,6 +54,8 @@ class Step:
     runs: list[Run] = field(default_factory=list)  # reference: decode runs
     run_lens: list[int] = field(default_factory=list)  # reference: tokens per decode row
     varlen: backends.VarlenArgs | None = None
+    # Prompts whose leading tokens are cached (not in `bounds`): prefix_attention.py.
+    cached: prefix_attention.CachedPrompts | None = None
 
 
 _PLAN: ContextVar[Step | None] = ContextVar("batchwright_attention_plan", default=None)
@@ -166,6 +168,8 @@ def attention(
             enable_gqa=gqa,
         )
         result[:, n + s : n + e] = attended.transpose(1, 2)
+    if plan.cached is not None:
+        prefix_attention.attend(plan.cached, query, *pools, result, scale, gqa)
     return result, None
 
 

@@ -50,11 +50,14 @@ class Intake:
         packed: bool,
         kv_free: int | None = None,
         kv_cost: Callable[[Unit], int] | None = None,
+        prompt_cost: Callable[[Unit], int] | None = None,
     ) -> Generator[GenResult, None, list[Unit]]:
         """Units for up to `free` rows within max_batch_tokens of prompt tokens (padded
         tokens when not `packed`; a lone longer prompt still goes) and within `kv_free`
-        cache blocks (`kv_cost` of a unit). Yields the results of requests that finish
-        without generating (errors, scoring only)."""
+        cache blocks (`kv_cost` of a unit). `prompt_cost` (packed only) is the tokens a
+        unit's prefill computes when not all of them (a cached prefix); it is called once
+        per unit considered, in order. Yields the results of requests that finish without
+        generating (errors, scoring only)."""
         units: list[Unit] = []
         width = tokens = 0
         while free > 0:
@@ -65,7 +68,8 @@ class Intake:
                 continue
             unit = self.pending[0]
             w = max(width, len(unit.prompt))
-            cost = tokens + len(unit.prompt) if packed else w * (len(units) + 1)
+            new = len(unit.prompt) if prompt_cost is None else prompt_cost(unit)
+            cost = tokens + new if packed else w * (len(units) + 1)
             if units and cost > self.e.max_batch_tokens:
                 break
             if len(unit.seqs) > free:
@@ -75,7 +79,7 @@ class Intake:
                 if blocks > kv_free:
                     break  # admitted once running rows release theirs
                 kv_free -= blocks
-            tokens += len(unit.prompt)
+            tokens += new
             head = self.pending[0]
             if unit is not head:
                 head.seqs = head.seqs[len(unit.seqs) :]

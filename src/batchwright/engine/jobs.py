@@ -80,6 +80,8 @@ class Job:
     seqs: list[Seq] = field(default_factory=list)
     remaining: int = 0
     prompt_scores: dict[int, PromptScores] = field(default_factory=dict)
+    # Prompt tokens served from the prefix cache, per prompt, at its first prefill.
+    cached_tokens: dict[int, int] = field(default_factory=dict)
     id: str = field(default_factory=lambda: "cmpl-" + secrets.token_urlsafe(18))
     created: int = field(default_factory=lambda: int(time.time()))
 

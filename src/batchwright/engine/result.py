@@ -11,6 +11,7 @@ from batchwright.protocol.completions import (
     CompletionChoice,
     CompletionUsage,
     Logprobs,
+    PromptTokensDetails,
 )
 
 TokenText = Callable[[int], str]
@@ -113,10 +114,12 @@ def build_result(
             choices.append(_choice(job, seq, p * req.n + j, decode, tok, piece or tok))
     prompt_tokens = sum(len(p) for p in job.prompts)
     completion_tokens = sum(len(s.out_ids) for s in job.seqs)
+    cached_tokens = sum(job.cached_tokens.values())
     usage = CompletionUsage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
     )
     completion = Completion(
         id=job.id,
@@ -132,4 +135,5 @@ def build_result(
         completion=completion.model_dump(mode="json"),
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
+        cached_tokens=cached_tokens,
     )

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from batchwright.engine import prefix
 from batchwright.engine.admission import Placement, place
 from batchwright.engine.attention import Step, decode_runs, fixed_runs
 from batchwright.engine.backends import VarlenArgs
@@ -56,6 +57,7 @@ class Scheduler:
         # Sampler slots 0..max_rows-1 are the batch slots; the rest take the candidates
         # being admitted until their first token is drawn.
         self.sampler = Sampler(2 * engine.max_rows, self.vocab, self.device)
+        self.prefix = prefix.enabled(engine, self.cache)
         # On CUDA the host works one step behind: it records step t's tokens while step
         # t + 1 runs (rows that finished run one extra step, dropped). On CPU nothing runs
         # while the host works, so the extra step would only cost.
@@ -71,11 +73,13 @@ class Scheduler:
                 if cancelled is not None:
                     self._cancel(intake, cancelled())
                 s = self.slots
+                kv_cost, prompt_cost = prefix.admission_costs(self.prefix, self._kv_cost)
                 units = yield from intake.admit(
                     s.free_count,
                     packed=self.e.lm.varlen,
                     kv_free=self.cache.alloc.free,
-                    kv_cost=self._kv_cost,
+                    kv_cost=kv_cost,
+                    prompt_cost=prompt_cost,
                 )
                 if not units and not intake.pending:
                     # Rows move only when no step's tokens are still to be recorded.
@@ -117,7 +121,7 @@ class Scheduler:
         """One forward for the decode step of every slot and the prefill of `units`."""
         s = self.slots
         n = s.rows_for_step()
-        placed = place(self.cache, s, units)
+        placed = place(self.cache, s, units, self.prefix)
         if not self.e.lm.varlen:
             return self._padded_step(n, placed)
         ids, positions, dest = (
@@ -129,13 +133,17 @@ class Scheduler:
         if placed:
             start = 0
             for p in placed:
-                bounds.append((start, start + p.length))
-                start += p.length
-            ids.append(s.host_long([t for p in placed for t in p.unit.prompt]))
-            positions.append(s.host_long([i for p in placed for i in range(p.length)]))
+                # Only the tokens after a cached prefix are computed (prefix.py).
+                bounds.append((start, start + p.length - p.cached))
+                start += p.length - p.cached
+            ids.append(s.host_long([t for p in placed for t in p.unit.prompt[p.cached :]]))
+            positions.append(s.host_long([i for p in placed for i in range(p.cached, p.length)]))
             dest.append(s.host_long([d for p in placed for d in p.dest]))
-        plan = Step(self.cache, n, torch.cat(dest) if placed else dest[0], bounds, self.backend)
+        fresh = [b for b, p in zip(bounds, placed, strict=True) if not p.cached]
+        plan = Step(self.cache, n, torch.cat(dest) if placed else dest[0], fresh, self.backend)
         self._plan_attention(plan, n, placed)
+        if self.backend != "varlen":
+            plan.cached = prefix.cached_prompts(self.cache, n, placed, bounds, self.backend)
         keep: torch.Tensor | None = None
         if placed:
             keep = s.host_long([*range(n), *(n + e - 1 for _, e in bounds)])
@@ -177,13 +185,14 @@ class Scheduler:
         max_q, max_k = 1, max(s.hlen[:n], default=0) + 1 + int(self.lag)
         if placed:
             lengths = [p.length for p in placed]
+            new = [p.length - p.cached for p in placed]  # queries after a cached prefix
             seqused = torch.cat([seqused, s.host_int(lengths)])
             table = torch.cat([table, self.cache.host_rows([p.slot for p in placed])])
             starts = [n]
-            for x in lengths:
+            for x in new:
                 starts.append(starts[-1] + x)
             cu_q = torch.cat([cu_q[:n], s.host_int(starts)])
-            max_q, max_k = max(max_q, *lengths), max(max_k, *lengths)
+            max_q, max_k = max(max_q, *new), max(max_k, *lengths)
         cu_k = torch.nn.functional.pad(seqused.cumsum(0, dtype=torch.int32), (1, 0))
         return VarlenArgs(cu_q, cu_k, seqused, table, max_q, max_k)
 

@@ -36,6 +36,7 @@ class GenResult:
     error: dict[str, Any] | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -287,10 +287,16 @@ class CompletionChoice(OpenAIBaseModel):
     text: str
 
 
+class PromptTokensDetails(OpenAIBaseModel):
+    # Prompt tokens whose keys and values came from the prefix cache instead of a prefill.
+    cached_tokens: int = 0
+
+
 class CompletionUsage(OpenAIBaseModel):
     completion_tokens: int
     prompt_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class Completion(OpenAIBaseModel):

@@ -59,7 +59,7 @@ class Lease:
                 session.scalars(
                     select(BatchRequest)
                     .where(BatchRequest.id.in_(ids))
-                    .order_by(BatchRequest.line_no)
+                    .order_by(BatchRequest.batch_id, BatchRequest.prefix_key, BatchRequest.line_no)
                 )
             )
         return rows

@@ -125,7 +125,9 @@ def pick(
                 session.scalars(
                     select(BatchRequest.id)
                     .where(BatchRequest.batch_id == batch_id, *queued)
-                    .order_by(BatchRequest.line_no)
+                    # Lines that start alike together (issue 14): a worker prefills a
+                    # shared prefix once for the lines it claims.
+                    .order_by(BatchRequest.prefix_key, BatchRequest.line_no)
                     .limit(n)
                     .with_for_update(skip_locked=True, of=BatchRequest)
                 )

@@ -40,6 +40,7 @@ def write_results(session: Session, token: str, results: list[GenResult]) -> int
         )
     )
     deltas: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    cached: dict[str, int] = defaultdict(int)
     updates: list[dict[str, object]] = []
     completions: list[dict[str, object]] = []
     for result in results:
@@ -57,6 +58,7 @@ def write_results(session: Session, token: str, results: list[GenResult]) -> int
                 "lease_expires_at": None,
                 "prompt_tokens": result.prompt_tokens if ok else 0,
                 "completion_tokens": result.completion_tokens if ok else 0,
+                "cached_tokens": result.cached_tokens if ok else 0,
                 "error": None if ok else orjson.dumps(result.error).decode(),
             }
         )
@@ -79,6 +81,7 @@ def write_results(session: Session, token: str, results: list[GenResult]) -> int
             delta[0] += 1
             delta[2] += result.prompt_tokens
             delta[3] += result.completion_tokens
+            cached[batch_id] += result.cached_tokens
         else:
             delta[1] += 1
     if updates:
@@ -94,6 +97,7 @@ def write_results(session: Session, token: str, results: list[GenResult]) -> int
                 failed=Batch.failed + failed,
                 input_tokens=Batch.input_tokens + tin,
                 output_tokens=Batch.output_tokens + tout,
+                cached_tokens=Batch.cached_tokens + cached[batch_id],
             )
         )
         if remaining(session, batch_id) == 0:
