@@ -113,7 +113,9 @@ def test_dashboard_end_to_end(
     ]
 
     # Another batch, cancelled from its page.
-    many = [line(f"c{i}", {"max_tokens": 64, "seed": i, "temperature": 0.9}) for i in range(300)]
+    # Far more work than any engine finishes before the page is open (a 300-line batch
+    # sometimes completed first on a quiet machine); cancel stops it within a step.
+    many = [line(f"c{i}", {"max_tokens": 256, "seed": i, "temperature": 0.9}) for i in range(3000)]
     other = submit(client, jsonl(many))
     page.goto(api_url + "/dashboard/service")  # its lines wait in the model's queue
     page.wait_for_selector("#queues td:text-is('demo')", timeout=120_000)

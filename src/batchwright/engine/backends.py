@@ -78,11 +78,21 @@ def native(
     return kernel(q, kpool, vpool, table, lens, scale)
 
 
-def gather(pool: torch.Tensor, table: torch.Tensor, width: int) -> torch.Tensor:
-    """Rows' first `width` tokens, gathered from their blocks: [rows, kv_heads, width, dim]."""
+def gather(
+    pool: torch.Tensor, table: torch.Tensor, width: int, lens: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Rows' first `width` tokens, gathered from their blocks: [rows, kv_heads, width, dim].
+
+    With `lens`, columns at or past each row's length are zeroed: they lie in blocks never
+    written (the pool is uninitialised memory, possibly NaN), and a masked NaN still poisons
+    SDPA (0 x NaN in the weighted sum)."""
     blocks = -(-width // pool.shape[1])
     pages = pool[table[:, :blocks].long()]  # [rows, blocks, block_size, heads, dim]
-    return pages.flatten(1, 2)[:, :width].transpose(1, 2)
+    out = pages.flatten(1, 2)[:, :width]
+    if lens is not None:
+        past = torch.arange(width, device=out.device)[None, :] >= lens.to(out.device)[:, None]
+        out = out.masked_fill(past[:, :, None, None], 0.0)
+    return out.transpose(1, 2)
 
 
 def reference(
@@ -99,8 +109,9 @@ def reference(
     (dead slots) get zeros. [rows, heads, dim]."""
     out = q.new_zeros((q.shape[0], q.shape[1], vpool.shape[-1]))
     for a, b, w in runs:
-        keys = gather(kpool, table[a:b], w)
-        values = gather(vpool, table[a:b], w)
+        run_lens = torch.as_tensor(lens[a:b])
+        keys = gather(kpool, table[a:b], w, run_lens)
+        values = gather(vpool, table[a:b], w, run_lens)
         mask = None
         if any(n < w for n in lens[a:b]):
             short = torch.arange(w)[None, :] >= torch.as_tensor(lens[a:b])[:, None]

@@ -62,8 +62,8 @@ def padded_decode(engine: Engine, paged: PagedCache, slots: Slots, n: int) -> to
     width = max((slots.hlen[i] for i in range(n) if slots.seqs[i] is not None), default=0)
     cache = DynamicCache()
     for layer in range(len(paged.keys)):
-        keys = gather(paged.keys[layer], paged.table[:n], width)
-        values = gather(paged.values[layer], paged.table[:n], width)
+        keys = gather(paged.keys[layer], paged.table[:n], width, lens)
+        values = gather(paged.values[layer], paged.table[:n], width, lens)
         cache.update(keys, values, layer)
     cols = torch.arange(width + 1, device=lens.device)[None, :]
     mask = ((cols < lens[:, None]) | (cols == width)).long()
