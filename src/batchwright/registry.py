@@ -11,7 +11,7 @@ import json
 import tomllib
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from batchwright.config import Settings, get_settings
 
@@ -35,6 +35,9 @@ class ModelSpec(BaseModel):
     # KV-cache budget in tokens (paged blocks; rows are admitted while it lasts). Default:
     # max_rows rows of full context, on CUDA at most 60 % of the memory free after loading.
     kv_tokens: int | None = None
+    # Tokens per KV block (also the granularity of shared-prefix reuse). Default: 256 on
+    # CUDA (FlashAttention's paged kernel), 64 elsewhere (see engine/paged.py).
+    kv_block_size: int | None = Field(default=None, ge=1)
     # Shared-prefix reuse: full prompt blocks stay in the paged cache, indexed by their
     # tokens, and later prompts that start with them skip their prefill (engine/prefix.py).
     # Off by default until its overhead on batches without shared prefixes is understood

@@ -15,7 +15,7 @@ from batchwright.engine.native import decode_attention_kernel
 from batchwright.engine.prefix import Planned, PrefixBlocks
 from tests.engine.conftest import Direct
 
-BS = 16  # the CPU block size
+BS = 16  # a small block size, so short prompts span several blocks
 
 
 def _bodies(vocab: int, eos: set[int]) -> list[dict[str, Any]]:
@@ -54,7 +54,13 @@ def _compare(
         pytest.skip("no C++ toolchain to build the native kernel on this machine")
     # Few rows: later lines join as earlier ones leave, so reuse happens both within one
     # admission step and from blocks whose rows have finished.
-    spec = {"path": path, "max_rows": 5, "max_batch_tokens": 300, "native_attention": native}
+    spec = {
+        "path": path,
+        "max_rows": 5,
+        "max_batch_tokens": 300,
+        "native_attention": native,
+        "kv_block_size": BS,
+    }
     on = make_engine(prefix_cache=True, **spec)
     off = make_engine(prefix_cache=False, **spec)
     if backend is not None:

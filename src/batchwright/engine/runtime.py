@@ -101,7 +101,7 @@ class Engine:
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
         layers = int(cfg.num_hidden_layers)
         device = self.lm.device
-        bs = block_size_for(device)
+        bs = block_size_for(device, self.spec.kv_block_size)
         token_bytes = 2 * layers * kv_heads * head_dim * self.lm.dtype.itemsize
         blocks = pool_blocks(
             kv_tokens=self.spec.kv_tokens,

@@ -108,8 +108,9 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
 //   table  [rows, max_blocks] int32: row r's i-th block of block_size tokens
 //   lens   [rows] int64: row r attends to its first lens[r] tokens; 0 = dead slot
 //
-// Returns [rows, q_heads, dim] (zeros for dead slots). As above, one streaming pass per
-// (row, query head) with a running softmax, split over threads at equal shares of tokens.
+// Returns [rows, q_heads, dim] (zeros for dead slots). One pass over each row's blocks for
+// all its heads, with a running softmax rescaled once per block; rows split over threads
+// at equal shares of tokens.
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
                                      torch::Tensor table, torch::Tensor lens, double scale) {
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
@@ -146,57 +147,86 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Te
   float* op = out.data_ptr<float>();
   const int64_t kb0 = k.stride(0), kt = k.stride(1), vb0 = v.stride(0), vt = v.stride(1);
   const float sc = static_cast<float>(scale);
-  const int64_t items = rows * hkv;
+  // One item per row, all heads together: a block holds every head of its tokens side by
+  // side, so each token's keys (then values) are read once, front to back. One head at a
+  // time strides through the block, which measured 2-3x slower here.
   int64_t total = 0;
-  for (int64_t r = 0; r < rows; ++r) total += len[r] * hkv;
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(items, 4 * at::get_num_threads()));
-  std::vector<int64_t> bounds(parts + 1, items);
+  for (int64_t r = 0; r < rows; ++r) total += len[r];
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(rows, 4 * at::get_num_threads()));
+  std::vector<int64_t> bounds(parts + 1, rows);
   bounds[0] = 0;
   int64_t seen = 0, part = 1;
-  for (int64_t item = 0; item < items && part < parts; ++item) {
-    seen += len[item / hkv];
-    while (part < parts && seen * parts >= total * part) bounds[part++] = item + 1;
+  for (int64_t r = 0; r < rows && part < parts; ++r) {
+    seen += len[r];
+    while (part < parts && seen * parts >= total * part) bounds[part++] = r + 1;
   }
   at::parallel_for(0, parts, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> acc(d);
-    const int64_t begin = bounds[first], end = bounds[last];
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t r = item / hkv, hk = item % hkv, n = len[r];
+    std::vector<float> acc(hq * d), top(hq), sum(hq), peak(hq), s(bs * hq);
+    for (int64_t r = bounds[first]; r < bounds[last]; ++r) {
+      const int64_t n = len[r];
       if (n == 0) continue;
       const int32_t* blocks = tp + r * width;
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t h = hk * group + g;
-        const float* qh = qp + (r * hq + h) * d;
-        std::fill(acc.begin(), acc.end(), 0.f);
-        float top = -INFINITY, sum = 0.f;
-        for (int64_t start = 0; start < n; start += bs) {
-          const int64_t blk = blocks[start / bs];
-          const float* kb = kp + blk * kb0 + hk * d;
-          const float* vb = vp + blk * vb0 + hk * d;
-          const int64_t stop = std::min<int64_t>(bs, n - start);
-          for (int64_t j = 0; j < stop; ++j) {
-            const float* kj = kb + j * kt;
-            const float* vj = vb + j * vt;
-            float s = 0.f;
-#pragma omp simd reduction(+ : s)
-            for (int64_t x = 0; x < d; ++x) s += qh[x] * kj[x];
-            s *= sc;
-            if (s > top) {
-              const float c = std::exp(top - s);
-              sum *= c;
-#pragma omp simd
-              for (int64_t x = 0; x < d; ++x) acc[x] *= c;
-              top = s;
+      const float* qr = qp + r * hq * d;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      std::fill(top.begin(), top.end(), -INFINITY);
+      std::fill(sum.begin(), sum.end(), 0.f);
+      for (int64_t start = 0; start < n; start += bs) {
+        const int64_t i = start / bs, stop = std::min<int64_t>(bs, n - start);
+        const float* kb = kp + blocks[i] * kb0;
+        const float* vb = vp + blocks[i] * vb0;
+        // The next block is elsewhere in the pool: ask for it while this one is read,
+        // or every block boundary waits on memory.
+        const bool next = start + bs < n;
+        const float* nk = next ? kp + blocks[i + 1] * kb0 : nullptr;
+        const float* nv = next ? vp + blocks[i + 1] * vb0 : nullptr;
+        std::copy(top.begin(), top.end(), peak.begin());
+        for (int64_t j = 0; j < stop; ++j) {
+          const float* kj = kb + j * kt;
+          if (next) {
+            for (int64_t c = 0; c < kt; c += 16) {
+              __builtin_prefetch(nk + j * kt + c);
+              __builtin_prefetch(nv + j * vt + c);
             }
-            const float w = std::exp(s - top);
-            sum += w;
-#pragma omp simd
-            for (int64_t x = 0; x < d; ++x) acc[x] += w * vj[x];
+          }
+          for (int64_t h = 0; h < hq; ++h) {
+            const float* kh = kj + (h / group) * d;
+            const float* qh = qr + h * d;
+            float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t x = 0; x < d; ++x) dot += qh[x] * kh[x];
+            dot *= sc;
+            s[j * hq + h] = dot;
+            peak[h] = std::max(peak[h], dot);
           }
         }
-        const float inv = 1.f / sum;
+        // One rescale per block and head, not per token.
+        for (int64_t h = 0; h < hq; ++h) {
+          if (peak[h] > top[h]) {
+            const float c = std::exp(top[h] - peak[h]);
+            float* ah = acc.data() + h * d;
+            sum[h] *= c;
+#pragma omp simd
+            for (int64_t x = 0; x < d; ++x) ah[x] *= c;
+            top[h] = peak[h];
+          }
+        }
+        for (int64_t j = 0; j < stop; ++j) {
+          const float* vj = vb + j * vt;
+          for (int64_t h = 0; h < hq; ++h) {
+            const float w = std::exp(s[j * hq + h] - top[h]);
+            const float* vh = vj + (h / group) * d;
+            float* ah = acc.data() + h * d;
+            sum[h] += w;
+#pragma omp simd
+            for (int64_t x = 0; x < d; ++x) ah[x] += w * vh[x];
+          }
+        }
+      }
+      for (int64_t h = 0; h < hq; ++h) {
+        const float inv = 1.f / sum[h];
+        const float* ah = acc.data() + h * d;
         float* oh = op + (r * hq + h) * d;
-        for (int64_t x = 0; x < d; ++x) oh[x] = acc[x] * inv;
+        for (int64_t x = 0; x < d; ++x) oh[x] = ah[x] * inv;
       }
     }
   });
