@@ -112,8 +112,9 @@ def main() -> None:
     on, off = engine(), engine(prefix_cache=False)
     vocab, eos = on.lm.vocab_size, min(on.lm.eos_ids)
     bs = on.new_cache().block_size
-    # (ii)'s KV budget: every row's own blocks (its tail and output) plus two prefixes.
-    own = -(-(32 + 32 + bs) // bs) * bs
+    # (ii)'s KV budget: every row's own blocks (the blocks past its prefix's: its tail of
+    # at most 32 tokens and 32 generated) plus two prefixes.
+    own = (-(-(few_prefix + 64) // bs) - few_prefix // bs) * bs
     tight = engine(kv_tokens=rows * own + 2 * few_prefix)
     model = on.lm.model
     print(

@@ -17,6 +17,7 @@ On CUDA `torch.cuda.set_sync_debug_mode` counts them for real.
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import sys
 import tempfile
@@ -33,6 +34,7 @@ from batchwright.engine import backends
 from batchwright.engine import scheduler as sched_mod
 from batchwright.engine.demo import EOS_TOKEN, build_tokenizer
 from batchwright.engine.runtime import Engine
+from batchwright.engine.sampler import Sampler
 from batchwright.engine.types import GenRequest
 from batchwright.registry import ModelSpec
 
@@ -51,6 +53,7 @@ _SYNC_OPS = {
 class Counts:
     def __init__(self) -> None:
         self.ops: Counter[str] = Counter()
+        self.sampling = 0  # of the ops, those of the sampler's step
         self.views = 0
         self.syncs: Counter[str] = Counter()
         self.calls = 0
@@ -198,6 +201,8 @@ def force_cuda_path(engine: Engine, counts_of: Callable[[], Counts | None]) -> N
 
     engine.attention_backend = "varlen"
     backends.VARLEN_IMPL = stand_in
+    # On CUDA every batch runs the one fixed sampling graph (the shortcuts are CPU's).
+    sched_mod.Sampler = functools.partial(Sampler, shortcut=False)  # type: ignore[misc]
 
 
 _ACTIVE: list[Counts] = []
@@ -256,8 +261,19 @@ def profile_step(engine: Engine, reqs: list[dict[str, Any]], warm: int) -> Count
             _ACTIVE.clear()
         raise _Profiled  # nothing more to measure: stop the run here
 
+    orig_sample = Sampler.step
+
+    def sample(self: Any, *args: Any, **kwargs: Any) -> Any:
+        before = _ACTIVE[0].total_ops if _ACTIVE else 0
+        try:
+            return orig_sample(self, *args, **kwargs)
+        finally:
+            if _ACTIVE:
+                _ACTIVE[0].sampling += _ACTIVE[0].total_ops - before
+
     cls._step = step  # type: ignore[method-assign]
     cls._push = push  # type: ignore[method-assign]
+    Sampler.step = sample  # type: ignore[method-assign]
     try:
         for _ in engine.run([GenRequest(i, b) for i, b in enumerate(reqs)]):
             pass
@@ -266,6 +282,7 @@ def profile_step(engine: Engine, reqs: list[dict[str, Any]], warm: int) -> Count
     finally:
         cls._step = orig  # type: ignore[method-assign]
         cls._push = orig_push  # type: ignore[method-assign]
+        Sampler.step = orig_sample  # type: ignore[method-assign]
     return counts
 
 
@@ -286,7 +303,7 @@ def main() -> None:
         f"vocab {args.vocab}; {'CUDA' if args.cuda else 'CPU, CUDA path forced'}"
     )
     print(
-        "rows  mix    syncs  ops(non-view)  ops/layer  views  python calls  "
+        "rows  mix    syncs  ops(non-view)  sampling  rest/layer  views  python calls  "
         "(+ host per-row)  sync detail"
     )
     for rows in args.rows:
@@ -312,7 +329,8 @@ def main() -> None:
             detail = ", ".join(f"{k} {v}" for k, v in sorted(c.syncs.items()))
             print(
                 f"{rows:4d}  {mix:6s} {syncs:5d}  {c.total_ops:13d}  "
-                f"{c.total_ops / layers:9.1f}  {c.views:5d}  {c.calls:12d}  "
+                f"{c.sampling:8d}  {(c.total_ops - c.sampling) / layers:10.1f}  "
+                f"{c.views:5d}  {c.calls:12d}  "
                 f"{c.host_calls:16d}  {detail}"
             )
             if args.top:

@@ -1,9 +1,18 @@
-"""Requests waiting for a row: read a bounded window ahead, admitted longest first."""
+"""Requests waiting for a row: read a bounded window ahead, admitted longest first.
+
+A source that says how many requests it holds ready (`ready()`, as the worker's claim
+read-ahead does) is topped up every step with what is ready, never waited for while rows
+run: the loop does not stall on a claim, and a request claimed now is in the window at the
+next step. Any other iterable is read a window at a time. Among waiting requests of
+several groups (`GenRequest.group`: the worker's batches), the group with the fewest
+running rows goes first, so a small batch claimed behind a big one starts at the next
+free rows instead of behind the whole window.
+"""
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Generator, Iterable, Set
+from collections import Counter
+from collections.abc import Callable, Generator, Hashable, Iterable, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +45,8 @@ class Intake:
     def __init__(self, engine: Engine, requests: Iterable[GenRequest]) -> None:
         self.e = engine
         self.it = iter(requests)
-        self.pending: deque[Unit] = deque()
+        self._ready: Callable[[], int] | None = getattr(requests, "ready", None)
+        self.pending: list[Unit] = []  # longest generation first
         self.exhausted = False
 
     @property
@@ -51,22 +61,35 @@ class Intake:
         kv_free: int | None = None,
         kv_cost: Callable[[Unit], int] | None = None,
         prompt_cost: Callable[[Unit], int] | None = None,
+        running: Callable[[], Counter[Hashable]] | None = None,
+        idle: bool = True,
     ) -> Generator[GenResult, None, list[Unit]]:
         """Units for up to `free` rows within max_batch_tokens of prompt tokens (padded
         tokens when not `packed`; a lone longer prompt still goes) and within `kv_free`
         cache blocks (`kv_cost` of a unit). `prompt_cost` (packed only) is the tokens a
         unit's prefill computes when not all of them (a cached prefix); it is called once
         per unit considered, in order. Yields the results of requests that finish without
-        generating (errors, scoring only)."""
+        generating (errors, scoring only). `running`: rows running per group. A source
+        with `ready()` is waited on only when `idle` (no rows running) and nothing else
+        can be admitted."""
         units: list[Unit] = []
         width = tokens = 0
+        if self._ready is not None and not self.exhausted:
+            yield from self._read(wait=False)
+        counts: Counter[Hashable] | None = None
         while free > 0:
             if not self.pending:
                 if self.exhausted:
                     break
-                yield from self._read()
+                wait = self._ready is None or (idle and not units)
+                yield from self._read(wait=wait)
+                if not wait and not self.pending:
+                    break  # nothing ready: the rows running go on without it
                 continue
-            unit = self.pending[0]
+            if counts is None and running is not None:
+                counts = running()
+            at = self._next(counts) if counts is not None else 0
+            unit = self.pending[at]
             w = max(width, len(unit.prompt))
             new = len(unit.prompt) if prompt_cost is None else prompt_cost(unit)
             cost = tokens + new if packed else w * (len(units) + 1)
@@ -80,19 +103,31 @@ class Intake:
                     break  # admitted once running rows release theirs
                 kv_free -= blocks
             tokens += new
-            head = self.pending[0]
+            head = self.pending[at]
             if unit is not head:
                 head.seqs = head.seqs[len(unit.seqs) :]
             else:
-                self.pending.popleft()
+                del self.pending[at]
+            if counts is not None:
+                counts[unit.job.group] += len(unit.seqs)
             units.append(unit)
             free -= len(unit.seqs)
             width = w
         return units
 
+    def _next(self, running: Counter[Hashable]) -> int:
+        """Index of the next unit: the first (longest) of the group with the fewest rows
+        running; the head when only one group waits."""
+        first: dict[Hashable, int] = {}
+        for i, u in enumerate(self.pending):
+            first.setdefault(u.job.group, i)
+        if len(first) == 1:
+            return 0
+        return min(first.items(), key=lambda gi: (running[gi[0]], gi[1]))[1]
+
     def drop(self, keys: Set[Any]) -> None:
         """Forget waiting candidates of requests in `keys` (cancelled: no result)."""
-        self.pending = deque(u for u in self.pending if u.job.key not in keys)
+        self.pending = [u for u in self.pending if u.job.key not in keys]
 
     def reject_head(self, tokens: int) -> GenResult:
         """The first waiting request cannot fit even in an empty cache of `tokens` tokens:
@@ -107,15 +142,20 @@ class Intake:
             "context_length_exceeded",
         )
 
-    def _read(self) -> Generator[GenResult, None, None]:
-        """Read a window of requests into `pending`, longest generation first.
+    def _read(self, *, wait: bool) -> Generator[GenResult, None, None]:
+        """Read requests into `pending` up to the window, longest generation first: from
+        a source with `ready()` what it holds ready (waiting for the first one when
+        `wait`), from any other a whole window.
 
         Admitting long generations first leaves the short ones for the end of the input, so
         the batch stays full until close to the end instead of draining on a few long rows.
         The window is a fixed multiple of max_rows, so memory stays bounded by configuration.
         """
+        room = self.e.max_rows * _LOOKAHEAD - len(self.pending)
+        if self._ready is not None:
+            room = min(room, max(int(wait), self._ready()))
         units: list[Unit] = []
-        for _ in range(self.e.max_rows * _LOOKAHEAD):
+        for _ in range(room):
             greq = next(self.it, None)
             if greq is None:
                 self.exhausted = True
@@ -135,5 +175,6 @@ class Intake:
             for p in range(len(job.prompts)):
                 seqs = [s for s in job.seqs if s.prompt_index == p]
                 units.append(Unit(job, p, seqs))
-        units.sort(key=lambda u: -u.job.req.max_tokens)
-        self.pending.extend(units)
+        if units:
+            self.pending.extend(units)
+            self.pending.sort(key=lambda u: -u.job.req.max_tokens)  # stable

@@ -82,6 +82,7 @@ class Job:
     prompt_scores: dict[int, PromptScores] = field(default_factory=dict)
     # Prompt tokens served from the prefix cache, per prompt, at its first prefill.
     cached_tokens: dict[int, int] = field(default_factory=dict)
+    group: Any = None  # GenRequest.group
     id: str = field(default_factory=lambda: "cmpl-" + secrets.token_urlsafe(18))
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -166,7 +167,7 @@ def prepare(
                 None,
             )
         bias[int(k)] = v
-    job = Job(greq.key, req, prompts, echo_texts, eos_ids, context_length)
+    job = Job(greq.key, req, prompts, echo_texts, eos_ids, context_length, group=greq.group)
     stops = req.stop_list
     if req.max_tokens > 0:
         for p in range(len(prompts)):

@@ -30,9 +30,10 @@ class Tables(NamedTuple):
     block_ids: torch.Tensor  # [blocks, block] long: token ids per block (padded with vocab-1)
     block_valid: torch.Tensor  # [blocks, block] float: 1 for real ids, 0 for padding
     bins: torch.Tensor  # [1, _BINS] long: 0 .. _BINS-1
+    ones: torch.Tensor  # [capacity, 1] float: a count of one per row
 
 
-def make_tables(vocab: int, device: torch.device) -> Tables:
+def make_tables(vocab: int, capacity: int, device: torch.device) -> Tables:
     # The table ([blocks * _BINS] per row) and the block read by the draw cost about the
     # same: sqrt(vocab / _BINS) blocks.
     n = max(1, min(round(math.sqrt(vocab / _BINS)), 256))
@@ -44,6 +45,7 @@ def make_tables(vocab: int, device: torch.device) -> Tables:
         block_ids=ids.clamp(max=vocab - 1),
         block_valid=(ids < vocab).float(),
         bins=torch.arange(_BINS, device=device)[None, :],
+        ones=torch.ones((capacity, 1), device=device),
     )
 
 
@@ -53,17 +55,17 @@ def _finish(
     top: tuple[torch.Tensor, torch.Tensor],
     offset: torch.Tensor,
     counts: torch.Tensor,
-    inv_t: torch.Tensor,
     presence: torch.Tensor,
     frequency: torch.Tensor,
     cursor: torch.Tensor,
+    tables: Tables,
 ) -> torch.Tensor:
     """State updates after the draw, and the packed result."""
-    # Penalties count the generated token: frequency each time, presence the first time.
+    # Penalties count the generated token: frequency each time, presence the first time
+    # (both stored negated and divided by the temperature, like the offset).
     seen = counts.gather(1, token)
-    pen = (frequency[:, None] + presence[:, None] * (seen == 0)) * inv_t[:, None]
-    offset.scatter_add_(1, token, -pen)
-    counts.scatter_add_(1, token, torch.ones_like(seen))
+    offset.scatter_add_(1, token, torch.addcmul(frequency[:, None], presence[:, None], seen == 0))
+    counts.scatter_add_(1, token, tables.ones[: len(token)])
     cursor.add_(1)
     return torch.cat([token.float(), raw.gather(1, token), top[1].float(), top[0]], dim=1)
 
@@ -99,8 +101,11 @@ def sample_step(
     target = top_p[:, None]
     # A narrow nucleus ends among the candidates: its last token is exact (ties stay).
     narrow = cmass[:, -1:] >= target
-    kept = ((cmass - pc) < target).sum(dim=-1, keepdim=True).clamp_(min=1)
-    floor = torch.where(narrow, cand.gather(1, kept - 1), cand[:, -1:])
+    # Kept: the candidates whose mass above them is below top_p, the first always; the
+    # last of them is the first whose cumulative mass reaches top_p (the last candidate
+    # when none does). Cumulative masses are sorted, so counts are binary searches.
+    last = torch.searchsorted(cmass, target).clamp_(max=cand.shape[1] - 1)
+    floor = cand.gather(1, last)
     # Mass per (vocabulary block, bin); bin d holds tokens d/_PER_NAT nats below `floor`
     # (bin 0: at or above it; the last bin: everything further down).
     depth = torch.sub(floor * _PER_NAT, z, alpha=_PER_NAT).ceil_().clamp_(0, _BINS - 1)
@@ -108,24 +113,25 @@ def sample_step(
     table.scatter_add_(1, (depth + tables.cells).long(), p)
     table = table.view(p.shape[0], -1, _BINS)
     # Bins are kept while the mass above them is below top_p; a narrow nucleus is bin 0.
+    # The edge: the last bin whose mass above it is below top_p (bin 0's is none).
     bins = table.sum(dim=1)
-    above = bins.cumsum(dim=-1) - bins
-    edge = torch.where(narrow, 0, (above < target).sum(dim=-1, keepdim=True) - 1)
+    edge = torch.searchsorted(bins.cumsum(dim=-1), target).masked_fill_(narrow, 0)
     blocks = (table * (tables.bins <= edge)[:, None, :]).sum(dim=-1)
     # Inverse CDF in vocabulary order: the block, then the token inside it.
     u = ring.gather(1, (cursor % ring.shape[1])[:, None])
     cdf = blocks.cumsum(dim=-1)
     goal = u * cdf[:, -1:]
-    b = (cdf <= goal).sum(dim=-1)
-    goal = goal - (cdf - blocks).gather(1, b[:, None])
-    ids = tables.block_ids.index_select(0, b)
-    w = p.gather(1, ids) * (depth.gather(1, ids) <= edge) * tables.block_valid.index_select(0, b)
+    b = torch.searchsorted(cdf, goal, right=True)
+    goal = goal - (cdf - blocks).gather(1, b)
+    ids = tables.block_ids.index_select(0, b[:, 0])
+    valid = tables.block_valid.index_select(0, b[:, 0])
+    w = p.gather(1, ids) * (depth.gather(1, ids) <= edge) * valid
     wc = w.cumsum(dim=-1)
     # Rounding (block sums against this cumsum) must not push the draw past the block.
     goal = torch.minimum(goal, wc[:, -1:] * _BELOW_ONE).clamp_(min=0.0)
-    token = ids.gather(1, (wc <= goal).sum(dim=-1, keepdim=True))
+    token = ids.gather(1, torch.searchsorted(wc, goal, right=True))
     token = torch.where(greedy[:, None], cand_ids[:, :1], token)
-    return _finish(token, raw, top, offset, counts, inv_t, presence, frequency, cursor)
+    return _finish(token, raw, top, offset, counts, presence, frequency, cursor, tables)
 
 
 def greedy_step(
@@ -149,7 +155,7 @@ def greedy_step(
     top = raw.topk(k_top, dim=-1)
     # max() rather than argmax(): the same first maximal index, faster on CPU.
     token = (x + offset).max(dim=-1, keepdim=True).indices
-    return _finish(token, raw, top, offset, counts, inv_t, presence, frequency, cursor)
+    return _finish(token, raw, top, offset, counts, presence, frequency, cursor, tables)
 
 
 def plain_step(

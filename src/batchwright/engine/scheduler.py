@@ -16,7 +16,8 @@ variable-length attention go through padded.py, on the same paged cache.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +81,8 @@ class Scheduler:
                     kv_free=self.cache.alloc.free,
                     kv_cost=kv_cost,
                     prompt_cost=prompt_cost,
+                    running=self._running,
+                    idle=not s.live,
                 )
                 if not units and not intake.pending:
                     # Rows move only when no step's tokens are still to be recorded.
@@ -97,6 +100,9 @@ class Scheduler:
                     return
         finally:
             self.slots.release_all()
+
+    def _running(self) -> Counter[Hashable]:
+        return Counter(q.job.group for q in self.slots.seqs if q is not None)
 
     def _kv_cost(self, unit: Unit) -> int:
         return self.cache.blocks_needed(len(unit.prompt), _max_new(unit), len(unit.seqs))

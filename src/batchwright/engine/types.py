@@ -13,10 +13,13 @@ class GenRequest:
     `key` is opaque to the engine (the worker uses the request row id). `body` is the
     line's `body` object as the client sent it (already passed CompletionRequest
     validation once, but the engine re-parses it: it is the authority on semantics).
+    `group` (the worker: the batch) shares the rows between groups when several wait:
+    the group with the fewest running rows is admitted first (engine/intake.py).
     """
 
     key: Any
     body: dict[str, Any]
+    group: Any = None
 
 
 @dataclass

@@ -85,7 +85,7 @@ class Lease:
             if (row.id, row.batch_id) in self.cancels:
                 continue  # cancelled between its claim and the engine asking for it
             body: dict[str, Any] = orjson.loads(row.body)
-            yield GenRequest(key=(row.id, row.batch_id), body=body)
+            yield GenRequest(key=(row.id, row.batch_id), body=body, group=row.batch_id)
 
     def _renew(self) -> None:
         with session_scope() as session:

@@ -71,6 +71,10 @@ class ReadAhead:
             if close is not None:
                 close()  # the generator runs (and ends) in this thread
 
+    def ready(self) -> int:
+        """Requests the engine can take now without waiting (engine/intake.py)."""
+        return self._queue.qsize()
+
     def __iter__(self) -> Iterator[GenRequest]:
         if not self._started:
             self._started = True
