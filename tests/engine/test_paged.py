@@ -78,6 +78,45 @@ def test_paged_backends_match_sdpa_per_row() -> None:
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("bs", "q_heads", "kv_heads", "dim", "spread"),
+    [
+        (64, 4, 4, 64, 1.0),  # the CPU engine's blocks and a typical head shape
+        (64, 14, 2, 64, 1.0),  # grouped-query heads, 7 per kv head
+        (64, 4, 1, 64, 8.0),  # one kv head; peaked softmax (weights far below 1e-38)
+        (8, 4, 2, 80, 1.0),  # dim 80: the vector loops in a 64 and a 16 part
+        (5, 4, 2, 16, 1.0),  # blocks not a multiple of 8 tokens
+        (16, 6, 2, 20, 1.0),  # dim not a multiple of 8: the plain loops
+        (7, 3, 1, 36, 4.0),
+    ],
+)
+def test_native_paged_kernel_shapes(
+    bs: int, q_heads: int, kv_heads: int, dim: int, spread: float
+) -> None:
+    # The native kernel's vector and plain paths against SDPA on each row's own tokens:
+    # lengths at and around block and 8-token boundaries, dead rows, and rows sharing
+    # their first blocks (a shared prompt prefix, read by consecutive rows).
+    kernel = paged_attention_kernel()
+    if kernel is None:
+        pytest.skip("no C++ toolchain to build the native kernel on this machine")
+    gen = torch.Generator().manual_seed(11)
+    lens = [1, 7, 8, 9, bs, bs + 1, 0, 3 * bs + 5, 3 * bs + 2, 2 * bs, 0, 4 * bs - 1, 31]
+    kpool, vpool, table = _pages(lens, bs, kv_heads, dim, gen)
+    table[8, :3] = table[7, :3]  # rows 7, 8 and 9 share their first blocks
+    table[9, :2] = table[7, :2]
+    q = torch.randn(len(lens), q_heads, dim, generator=gen) * spread
+    want = torch.zeros_like(q)
+    for r, n in enumerate(lens):
+        if n:
+            k = backends.gather(kpool, table[r : r + 1], n)
+            v = backends.gather(vpool, table[r : r + 1], n)
+            want[r] = F.scaled_dot_product_attention(
+                q[r, :, None][None], k, v, scale=dim**-0.5, enable_gqa=True
+            )[0, :, 0]
+    got = kernel(q, kpool, vpool, table, torch.tensor(lens), dim**-0.5)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def _bodies(vocab: int, eos: set[int], count: int, seed: int = 7) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     out = []
