@@ -9,11 +9,10 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from batchwright.engine.attention import decode_runs
 from batchwright.engine.demo import build_demo_model
-from batchwright.engine.native import decode_attention_kernel
+from batchwright.engine.native import paged_attention_kernel
 from batchwright.engine.sampling import BatchSampler, RowParams, _nucleus_floor
 from tests.engine.conftest import Direct
 
@@ -73,7 +72,7 @@ def test_mixed_lengths_over_several_attention_groups(
     # prefills carry several prompts of different lengths. Both decode attention paths.
     eng = make_engine(max_rows=24, max_batch_tokens=400, native_attention=native)
     assert eng.lm.varlen
-    if native and decode_attention_kernel() is None:
+    if native and paged_attention_kernel() is None:
         pytest.skip("no C++ toolchain to build the native kernel on this machine")
     assert eng.lm.native_attention == native
     bodies = _mixed_bodies(eng.lm.vocab_size, set(direct.eos), 40)
@@ -99,32 +98,6 @@ def test_grouped_query_attention_model(
         if want and want[-1] in ref.eos:
             want = want[:-1]
         assert res.completion["choices"][0]["text"] == eng.decode(want)
-
-
-def test_native_kernel_matches_sdpa_per_row() -> None:
-    # Left-padded cache buffers with spare capacity, grouped-query heads, dead slots
-    # (length 0) and rows from 1 column to all of them, against SDPA on each row's columns.
-    kernel = decode_attention_kernel()
-    if kernel is None:
-        pytest.skip("no C++ toolchain to build the native kernel on this machine")
-    gen = torch.Generator().manual_seed(5)
-    rows, q_heads, kv_heads, dim, cap, cols = 9, 6, 2, 32, 50, 41
-    keys = torch.randn(rows, kv_heads, cap, dim, generator=gen)
-    values = torch.randn(rows, kv_heads, cap, dim, generator=gen)
-    q = torch.randn(rows, q_heads, dim, generator=gen)
-    lens = torch.tensor([1, 41, 0, 17, 40, 2, 0, 33, 8])
-    out = kernel(q, keys, values, lens, cols, 0.3)
-    for r, n in enumerate(lens.tolist()):
-        if n == 0:
-            assert not out[r].any()
-            continue
-        want = F.scaled_dot_product_attention(
-            q[r, :, None],
-            keys[r, :, cols - n : cols].repeat_interleave(q_heads // kv_heads, 0),
-            values[r, :, cols - n : cols].repeat_interleave(q_heads // kv_heads, 0),
-            scale=0.3,
-        )[:, 0]
-        torch.testing.assert_close(out[r], want, rtol=1e-5, atol=1e-5)
 
 
 def test_padded_path_gives_the_same_text(run: Any, make_engine: Any, direct: Any) -> None:

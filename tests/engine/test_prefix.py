@@ -11,7 +11,7 @@ import pytest
 from batchwright.engine import backends
 from batchwright.engine.blocks import OutOfBlocks
 from batchwright.engine.demo import build_demo_model
-from batchwright.engine.native import decode_attention_kernel
+from batchwright.engine.native import paged_attention_kernel
 from batchwright.engine.prefix import Planned, PrefixBlocks
 from tests.engine.conftest import Direct
 
@@ -50,7 +50,7 @@ def _bodies(vocab: int, eos: set[int]) -> list[dict[str, Any]]:
 def _compare(
     run: Any, make_engine: Any, path: Path, native: bool, backend: str | None = None
 ) -> None:
-    if native and decode_attention_kernel() is None:
+    if native and paged_attention_kernel() is None:
         pytest.skip("no C++ toolchain to build the native kernel on this machine")
     # Few rows: later lines join as earlier ones leave, so reuse happens both within one
     # admission step and from blocks whose rows have finished.

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from batchwright.engine import attention
 from batchwright.engine.demo import ensure_demo_model
-from batchwright.engine.native import decode_attention_kernel
+from batchwright.engine.native import paged_attention_kernel
 from batchwright.registry import DEMO_MODEL, ModelSpec
 
 # Bump when a change in the engine can change outputs for the same weights and parameters.
@@ -119,7 +119,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         and varlen
         and device.type == "cpu"
         and dtype == torch.float32
-        and decode_attention_kernel() is not None
+        and paged_attention_kernel() is not None
     )
     engine_config = {
         "engine": ENGINE_VERSION,

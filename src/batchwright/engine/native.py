@@ -27,10 +27,6 @@ _SOURCE = Path(__file__).with_name("csrc") / "decode_attention.cpp"
 # A build lock older than this was left by a killed build (one takes about 30 s).
 _STALE_LOCK_SECONDS = 600
 
-# (q, keys, values, lens, cols, scale) -> out; see the source for the layouts.
-Kernel = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor
-]
 # (q, key pool, value pool, block table, lens, scale) -> out: the engine's paged cache.
 PagedKernel = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
@@ -55,15 +51,6 @@ def _module() -> ModuleType | None:
     except Exception as exc:  # no compiler, no headers, a failed build: keep SDPA
         log.warning("native decode attention unavailable, using SDPA: %s", exc)
         return None
-
-
-def decode_attention_kernel() -> Kernel | None:
-    """The compiled left-padded kernel, or None where it cannot be built here."""
-    module = _module()
-    if module is None:
-        return None
-    kernel: Kernel = module.decode_attention
-    return kernel
 
 
 def paged_attention_kernel() -> PagedKernel | None:

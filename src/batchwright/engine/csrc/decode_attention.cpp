@@ -1,17 +1,5 @@
-// Decode attention reading each row's own tokens only: the varlen kernel SDPA lacks on
-// CPU. One query token per row; float32. Two entry points: `paged_decode_attention`
-// (below) reads the engine's paged cache through block tables; `decode_attention` reads
-// one left-padded buffer per layer (kept as the simplest form of the same loop and
-// tested against SDPA).
-//
-//   q     [rows, q_heads, dim], contiguous
-//   k, v  [rows, kv_heads, capacity, dim], columns contiguous (the cache buffers)
-//   lens  [rows] int64: row r attends to columns [cols - lens[r], cols); 0 = dead slot
-//
-// Returns [rows, q_heads, dim] (zeros for dead slots). Reading keys and values is the
-// whole cost, so each (row, query head) streams its keys and values together in one pass
-// with a running softmax (two concurrent streams read faster here than a pass over the
-// keys and then one over the values: about 22 against 18 GB/s).
+// Decode attention reading each row's own tokens only, through the engine's paged KV
+// cache: the variable-length kernel SDPA lacks on CPU. One query token per row; float32.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -23,87 +11,6 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
-
-torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
-                               torch::Tensor lens, int64_t cols, double scale) {
-  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
-                  v.scalar_type() == torch::kFloat32,
-              "decode_attention: float32 only");
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.dim() == 4, "decode_attention: shapes");
-  TORCH_CHECK(q.is_contiguous(), "decode_attention: q must be contiguous");
-  const int64_t rows = q.size(0), hq = q.size(1), d = q.size(2), hkv = k.size(1);
-  TORCH_CHECK(k.size(0) >= rows && v.size(0) >= rows && hq % hkv == 0 && k.size(3) == d &&
-                  v.size(3) == d && k.size(2) >= cols && v.size(2) >= cols,
-              "decode_attention: cache shape");
-  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1 && k.stride(2) == d && v.stride(2) == d,
-              "decode_attention: cache columns must be contiguous");
-  auto lens64 = lens.to(torch::kInt64).contiguous();
-  TORCH_CHECK(lens64.numel() == rows, "decode_attention: one length per row");
-  const int64_t* len = lens64.data_ptr<int64_t>();
-  for (int64_t r = 0; r < rows; ++r) {
-    TORCH_CHECK(len[r] >= 0 && len[r] <= cols, "decode_attention: length out of range");
-  }
-  auto out = torch::zeros_like(q);
-  const int64_t group = hq / hkv;
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const int64_t ks0 = k.stride(0), ks1 = k.stride(1), vs0 = v.stride(0), vs1 = v.stride(1);
-  const float sc = static_cast<float>(scale);
-  // Rows differ in length and similar lengths sit together, so equal item counts would
-  // not be equal work: split the (row, kv head) items at equal shares of columns instead.
-  const int64_t items = rows * hkv;
-  int64_t total = 0;
-  for (int64_t r = 0; r < rows; ++r) total += len[r] * hkv;
-  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(items, 4 * at::get_num_threads()));
-  std::vector<int64_t> bounds(parts + 1, items);
-  bounds[0] = 0;
-  int64_t seen = 0, part = 1;
-  for (int64_t item = 0; item < items && part < parts; ++item) {
-    seen += len[item / hkv];
-    while (part < parts && seen * parts >= total * part) bounds[part++] = item + 1;
-  }
-  at::parallel_for(0, parts, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> acc(d);
-    const int64_t begin = bounds[first], end = bounds[last];
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t r = item / hkv, hk = item % hkv, n = len[r];
-      if (n == 0) continue;
-      const float* kb = kp + r * ks0 + hk * ks1 + (cols - n) * d;
-      const float* vb = vp + r * vs0 + hk * vs1 + (cols - n) * d;
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t h = hk * group + g;
-        const float* qh = qp + (r * hq + h) * d;
-        std::fill(acc.begin(), acc.end(), 0.f);
-        float top = -INFINITY, sum = 0.f;
-        for (int64_t j = 0; j < n; ++j) {
-          const float* kj = kb + j * d;
-          const float* vj = vb + j * d;
-          float s = 0.f;
-#pragma omp simd reduction(+ : s)
-          for (int64_t x = 0; x < d; ++x) s += qh[x] * kj[x];
-          s *= sc;
-          if (s > top) {
-            const float c = std::exp(top - s);
-            sum *= c;
-#pragma omp simd
-            for (int64_t x = 0; x < d; ++x) acc[x] *= c;
-            top = s;
-          }
-          const float w = std::exp(s - top);
-          sum += w;
-#pragma omp simd
-          for (int64_t x = 0; x < d; ++x) acc[x] += w * vj[x];
-        }
-        const float inv = 1.f / sum;
-        float* oh = op + (r * hq + h) * d;
-        for (int64_t x = 0; x < d; ++x) oh[x] = acc[x] * inv;
-      }
-    }
-  });
-  return out;
-}
 
 // Decode attention through a paged cache: the engine's path. One query token per row.
 //
@@ -459,7 +366,6 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Te
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_attention", &decode_attention, "varlen decode attention (float32, CPU)");
   m.def("paged_decode_attention", &paged_decode_attention,
         "decode attention through a paged cache (float32, CPU)");
 }
