@@ -19,7 +19,7 @@ from batchwright.db.base import now
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.files import expiry
 from batchwright.registry import Registry
-from batchwright.worker import routing
+from batchwright.worker import newcomers, routing
 from batchwright.worker.dispatch import FINALIZE, enqueue
 
 TERMINAL = {"completed", "failed", "cancelled", "expired"}
@@ -56,6 +56,7 @@ def validate(session: Session, batch: Batch, registry: Registry, settings: Setti
     if outcome.rejected == outcome.total:
         enqueue(session, FINALIZE, batch.id)
     else:
+        newcomers.announce(session, str(batch.model))
         routing.wake(session, str(batch.model))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,10 +13,10 @@ import orjson
 from sqlalchemy import select, update
 
 from batchwright.config import Settings
-from batchwright.db.models import BatchRequest
+from batchwright.db.models import Batch, BatchRequest
 from batchwright.db.session import session_scope
 from batchwright.engine.types import GenRequest
-from batchwright.worker import budget, fairshare, metrics
+from batchwright.worker import budget, fairshare, metrics, newcomers
 from batchwright.worker.budget import is_out_of_memory
 from batchwright.worker.cancels import CancelWatch
 
@@ -71,14 +72,42 @@ class Lease:
             self.more_work = True  # this run is the suspect's alone; a follow-up does the rest
             yield from self._requests(suspect)
             return
-        while True:
-            if self.stop.is_set() or time.monotonic() >= self.deadline:
-                self.more_work = True
-                return
-            rows = self.claim(self.settings.claim_batch_size)
-            if not rows:
-                return
-            yield from self._requests(rows)
+        seen: set[str] = set()  # batches in progress when this lease last looked
+        listener = newcomers.Listener(self.model, self.settings)
+        try:
+            while True:
+                if self.stop.is_set() or time.monotonic() >= self.deadline:
+                    self.more_work = True
+                    return
+                rows = deque(self.claim(self.settings.claim_batch_size))
+                if not rows:
+                    return
+                seen.update(r.batch_id for r in rows)
+                while rows:
+                    yield from self._requests([rows.popleft()])
+                    if not listener.heard():
+                        continue
+                    # A batch that started since (a small one of another team, say) claims
+                    # now and goes first, instead of after the rest of this claim.
+                    started = self._started_since(seen)
+                    if started:
+                        extra = self.claim(self.settings.claim_batch_size)
+                        extra.sort(key=lambda r: r.batch_id not in started)
+                        rows.extendleft(reversed(extra))
+        finally:
+            listener.close()
+
+    def _started_since(self, seen: set[str]) -> set[str]:
+        """Batches of this model in progress now that were not at the last look."""
+        with session_scope() as session:
+            now = set(
+                session.scalars(
+                    select(Batch.id).where(Batch.model == self.model, Batch.status == "in_progress")
+                )
+            )
+        started = now - seen
+        seen.update(now)
+        return started
 
     def _requests(self, rows: list[BatchRequest]) -> Iterator[GenRequest]:
         for row in rows:

@@ -26,7 +26,11 @@ from batchwright.worker.results import write_results
 
 log = logging.getLogger(__name__)
 
+# A write waits for FLUSH_EVERY results (or FLUSH_SECONDS) and takes whatever else is
+# queued, up to FLUSH_MAX: when writes fall behind they grow, so fewer statements per line
+# catch up instead of a backlog delaying every later result.
 FLUSH_EVERY = 32
+FLUSH_MAX = 512
 FLUSH_SECONDS = 0.2
 _END = object()
 
@@ -138,9 +142,12 @@ class ResultWriter:
                 return
             buffer: list[GenResult] = [first]
             deadline = time.monotonic() + FLUSH_SECONDS
-            while len(buffer) < FLUSH_EVERY:
+            while len(buffer) < FLUSH_MAX:
                 try:
-                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                    if len(buffer) < FLUSH_EVERY:
+                        item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                    else:
+                        item = self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if item is _END:
@@ -183,9 +190,9 @@ def generate(
 ) -> int:
     """Run `engine` on the lease's lines; returns how many results landed. `cancelled`:
     the engine's cancel hook (Engine.run(requests, cancelled=...)), passed through."""
-    # A quarter of a claim queued ahead hides a claim's latency; more would only hold lines
-    # back from the fair share (a new project's lines queue behind what is claimed).
-    feed = ReadAhead(lease.requests(), model, max(1, settings.claim_batch_size // 4))
+    # The engine's window (engine/intake.py) hides a claim's latency; lines queued here
+    # are ahead of a newcomer's (claims.py), so only a few wait here.
+    feed = ReadAhead(lease.requests(), model, max(1, settings.claim_batch_size // 8))
     writer = ResultWriter(lease.token, model, settings.result_queue_size, settings.lease_seconds)
     try:
         with writer:
