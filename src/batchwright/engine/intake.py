@@ -144,7 +144,7 @@ class Intake:
 
     def _read(self, *, wait: bool) -> Generator[GenResult, None, None]:
         """Read requests into `pending` up to the window, longest generation first: from
-        a source with `ready()` what it holds ready (waiting for the first one when
+        a source with `ready()` what it holds ready (waiting for up to max_rows when
         `wait`), from any other a whole window.
 
         Admitting long generations first leaves the short ones for the end of the input, so
@@ -153,7 +153,9 @@ class Intake:
         """
         room = self.e.max_rows * _LOOKAHEAD - len(self.pending)
         if self._ready is not None:
-            room = min(room, max(int(wait), self._ready()))
+            # With nothing running, wait for a batch's worth (or the end of the input):
+            # starting on the first request alone would only fill the rows a few at a time.
+            room = min(room, max(self.e.max_rows if wait else 0, self._ready()))
         units: list[Unit] = []
         for _ in range(room):
             greq = next(self.it, None)
