@@ -67,6 +67,20 @@ def build_gpu_model(path: Path) -> Path:
     return path
 
 
+def build_cpu_model(path: Path, kv_heads: int | None = None) -> Path:
+    """The CPU benchmarks' model: a 4.5M-parameter Llama (4 heads, vocab 4096)."""
+    return build_demo_model(
+        path,
+        hidden_size=256,
+        layers=4,
+        heads=4,
+        kv_heads=kv_heads,
+        intermediate_size=768,
+        max_position_embeddings=1024,
+        model_vocab_size=4096,
+    )
+
+
 def make_requests(n: int, vocab: int, eos: int, rng: random.Random, *, scale: float) -> list[Any]:
     """Heterogeneous bodies: prompt lengths 8-256, max_tokens 8-128, mixed parameters."""
     out = []
@@ -213,16 +227,7 @@ def main() -> None:
     else:
         device, rows = "cpu", args.rows or 64
         n = args.requests or (64 if args.quick else 256)
-        path = build_demo_model(
-            tmp / "bench",
-            hidden_size=256,
-            layers=4,
-            heads=4,
-            kv_heads=args.kv_heads,
-            intermediate_size=768,
-            max_position_embeddings=1024,
-            model_vocab_size=4096,
-        )
+        path = build_cpu_model(tmp / "bench", kv_heads=args.kv_heads)
         spec = ModelSpec(name="bench", path=path, max_rows=rows, max_batch_tokens=4096)
     engine = Engine.load(spec)
     model = engine.lm.model

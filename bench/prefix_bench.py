@@ -29,9 +29,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_bench import build_gpu_model, make_requests, sync
+from engine_bench import build_cpu_model, build_gpu_model, make_requests, sync
 
-from batchwright.engine.demo import build_demo_model
 from batchwright.engine.runtime import Engine
 from batchwright.engine.types import GenRequest
 from batchwright.registry import ModelSpec
@@ -95,15 +94,7 @@ def main() -> None:
         base: dict[str, Any] = {"path": path, "device": "cuda", "max_rows": rows}
     else:
         rows = args.rows or 64
-        path = build_demo_model(  # engine_bench.py's CPU model
-            tmp / "bench",
-            hidden_size=256,
-            layers=4,
-            heads=4,
-            intermediate_size=768,
-            max_position_embeddings=1024,
-            model_vocab_size=4096,
-        )
+        path = build_cpu_model(tmp / "bench")
         base = {"path": path, "max_rows": rows, "max_batch_tokens": 4096}
 
     def engine(**spec: Any) -> Engine:

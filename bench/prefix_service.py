@@ -24,6 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import done_lines, submit, temp_database
+from engine_bench import build_cpu_model
 from prefix_bench import lines as prefix_lines
 from prefix_bench import run as run_engine
 
@@ -36,22 +37,13 @@ def main() -> None:
 
     import torch
 
-    from batchwright.engine.demo import build_demo_model
     from batchwright.engine.runtime import Engine
     from batchwright.registry import ModelSpec, Registry
     from batchwright.worker import runner
 
     torch.set_grad_enabled(False)
     home = Path(tempfile.mkdtemp(prefix="bw-prefix-service-"))
-    path = build_demo_model(  # engine_bench.py's CPU model
-        home / "models" / "bench",
-        hidden_size=256,
-        layers=4,
-        heads=4,
-        intermediate_size=768,
-        max_position_embeddings=1024,
-        model_vocab_size=4096,
-    )
+    path = build_cpu_model(home / "models" / "bench")
     base: dict[str, Any] = {"name": "bench", "path": path, "max_rows": 64}
     specs = {
         reuse: ModelSpec(**base, max_batch_tokens=4096, prefix_cache=reuse)

@@ -60,14 +60,7 @@ def test_paged_backends_match_sdpa_per_row() -> None:
     bs, q_heads, kv_heads, dim = 8, 6, 2, 32
     kpool, vpool, table = _pages(lens, bs, kv_heads, dim, gen)
     q = torch.randn(len(lens), q_heads, dim, generator=gen)
-    want = torch.zeros_like(q)
-    for r, n in enumerate(lens):
-        if n:
-            k = backends.gather(kpool, table[r : r + 1], n)
-            v = backends.gather(vpool, table[r : r + 1], n)
-            want[r] = F.scaled_dot_product_attention(
-                q[r, :, None][None], k, v, scale=0.3, enable_gqa=True
-            )[0, :, 0]
+    want = _sdpa_per_row(q, kpool, vpool, table, lens, 0.3)
     runs = [(0, 2, 16), (3, 6, 40), (7, 9, 33)]
     got = backends.reference(q, kpool, vpool, table, runs, lens, 0.3, True)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -105,16 +98,29 @@ def test_native_paged_kernel_shapes(
     table[8, :3] = table[7, :3]  # rows 7, 8 and 9 share their first blocks
     table[9, :2] = table[7, :2]
     q = torch.randn(len(lens), q_heads, dim, generator=gen) * spread
+    want = _sdpa_per_row(q, kpool, vpool, table, lens, dim**-0.5)
+    got = kernel(q, kpool, vpool, table, torch.tensor(lens), dim**-0.5)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _sdpa_per_row(
+    q: torch.Tensor,
+    kpool: torch.Tensor,
+    vpool: torch.Tensor,
+    table: torch.Tensor,
+    lens: list[int],
+    scale: float,
+) -> torch.Tensor:
+    """Decode attention by SDPA on each row's own tokens (zeros for dead rows)."""
     want = torch.zeros_like(q)
     for r, n in enumerate(lens):
         if n:
             k = backends.gather(kpool, table[r : r + 1], n)
             v = backends.gather(vpool, table[r : r + 1], n)
             want[r] = F.scaled_dot_product_attention(
-                q[r, :, None][None], k, v, scale=dim**-0.5, enable_gqa=True
+                q[r, :, None][None], k, v, scale=scale, enable_gqa=True
             )[0, :, 0]
-    got = kernel(q, kpool, vpool, table, torch.tensor(lens), dim**-0.5)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    return want
 
 
 def _bodies(vocab: int, eos: set[int], count: int, seed: int = 7) -> list[dict[str, Any]]:

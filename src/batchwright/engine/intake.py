@@ -86,9 +86,9 @@ class Intake:
                 if not wait and not self.pending:
                     break  # nothing ready: the rows running go on without it
                 continue
-            if counts is None and running is not None:
-                counts = running()
-            at = self._next(counts) if counts is not None else 0
+            at = 0
+            if running is not None:
+                at, counts = self._next(running, counts)
             unit = self.pending[at]
             w = max(width, len(unit.prompt))
             new = len(unit.prompt) if prompt_cost is None else prompt_cost(unit)
@@ -115,15 +115,19 @@ class Intake:
             width = w
         return units
 
-    def _next(self, running: Counter[Hashable]) -> int:
+    def _next(
+        self, running: Callable[[], Counter[Hashable]], counts: Counter[Hashable] | None
+    ) -> tuple[int, Counter[Hashable] | None]:
         """Index of the next unit: the first (longest) of the group with the fewest rows
-        running; the head when only one group waits."""
+        running; the head when only one group waits (rows are then not counted). Returns
+        the running counts too, taken once per admission round."""
         first: dict[Hashable, int] = {}
         for i, u in enumerate(self.pending):
             first.setdefault(u.job.group, i)
         if len(first) == 1:
-            return 0
-        return min(first.items(), key=lambda gi: (running[gi[0]], gi[1]))[1]
+            return 0, counts
+        rows = running() if counts is None else counts
+        return min(first.items(), key=lambda gi: (rows[gi[0]], gi[1]))[1], rows
 
     def drop(self, keys: Set[Any]) -> None:
         """Forget waiting candidates of requests in `keys` (cancelled: no result)."""
