@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import typer
@@ -35,9 +34,14 @@ def run_command(
     out = Console(highlight=False)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     interrupt = Interrupt()
-    interrupt.install(
-        on_second=lambda: print("stopped at once; the saved state is kept", file=sys.stderr)
-    )
+
+    # Written straight to the descriptor: the signal may land while the main thread is
+    # inside a write to sys.stderr, and a second buffered write from the handler then
+    # fails as reentrant (the message was lost in one CI run).
+    def stopped_at_once() -> None:
+        os.write(2, b"stopped at once; the saved state is kept\n")
+
+    interrupt.install(on_second=stopped_at_once)
     from batchwright.embedded import RunInterrupted, RunOptions, run_file
     from batchwright.runs.report import print_report
 
