@@ -212,6 +212,9 @@ def main() -> None:
         help="CPU model's key/value heads (default 4 = one per query head; 1 or 2 = GQA)",
     )
     ap.add_argument("--repeat", type=int, default=None, help="rounds, best kept (CPU: 3)")
+    ap.add_argument(
+        "--graphs", action="store_true", help="GPU: decode steps by CUDA graph (cuda_graphs)"
+    )
     args = ap.parse_args()
 
     torch.set_grad_enabled(False)
@@ -223,7 +226,9 @@ def main() -> None:
         # At least 8 batches' worth, so the batch stays full most of the run.
         n = args.requests or 8 * rows
         path = build_gpu_model(tmp / "qwen-shape")
-        spec = ModelSpec(name="bench", path=path, device="cuda", max_rows=rows)
+        spec = ModelSpec(
+            name="bench", path=path, device="cuda", max_rows=rows, cuda_graphs=args.graphs
+        )
     else:
         device, rows = "cpu", args.rows or 64
         n = args.requests or (64 if args.quick else 256)

@@ -292,6 +292,11 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=112, help="hidden size (14 heads of 8)")
     ap.add_argument("--vocab", type=int, default=32768)
     ap.add_argument("--cuda", action="store_true", help="run on CUDA (bf16) for real")
+    ap.add_argument(
+        "--graphs",
+        action="store_true",
+        help="with --cuda: decode steps replay CUDA graphs (a replay launches no aten op)",
+    )
     ap.add_argument("--warm", type=int, default=4, help="decode steps before the profiled one")
     ap.add_argument("--top", type=int, default=0, help="print the N most frequent ops")
     args = ap.parse_args()
@@ -314,6 +319,7 @@ def main() -> None:
             max_rows=rows,
             max_batch_tokens=1 << 16,
             native_attention=False,
+            cuda_graphs=args.cuda and args.graphs,
         )
         engine = Engine.load(spec)
         if not args.cuda:

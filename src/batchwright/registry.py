@@ -43,6 +43,10 @@ class ModelSpec(BaseModel):
     # Off by default until its overhead on batches without shared prefixes is understood
     # (measured slower on a loaded machine; see docs/prefix.md): turn it on per model.
     prefix_cache: bool = False
+    # CUDA graphs: steady decode steps (no prompt admitted) replay a graph recorded per
+    # row and KV-length bucket, with the sampler compiled (engine/graphs.py). Off by
+    # default until it has run on a GPU: its shape logic is only checked on CPU so far.
+    cuda_graphs: bool = False
     # Tokens of cached prefixes kept once no running row uses them (LRU beyond that; they
     # also give way to new rows when the KV budget runs out). Default: on CUDA the whole
     # pool (allocated anyway), elsewhere 8192 (memory a CPU worker keeps resident).

@@ -198,10 +198,9 @@ class Sampler:
         device. Row i is slot i, or slot rows[i] when `rows` is given."""
         if rows is None:
             n = logits.shape[0]
-            self._ensure_uniforms(slice(0, n))
-            state = [t[:n] for t in self._tensors()]
-            packed = self._pick(slice(0, n))(logits, *state, self.tables, self.k_top)
-            self._used[:n] += 1
+            self.prepare(n)
+            packed = self.core(logits)
+            self.commit(n)
             return packed
         self._ensure_uniforms(list(rows))
         idx = self._index(rows)
@@ -211,6 +210,24 @@ class Sampler:
             t[idx] = new
         self._used[list(rows)] += 1
         return packed
+
+    # The step over slots 0..n-1 in three parts, so the device part can be captured as a
+    # graph (graphs.py): host work before it, the tensor work, host bookkeeping after.
+
+    def prepare(self, n: int) -> None:
+        """Before the step: uniforms on the device for every sampled row that draws."""
+        self._ensure_uniforms(slice(0, n))
+
+    def core(self, logits: torch.Tensor) -> torch.Tensor:
+        """The tensor work for rows 0..len(logits)-1: no host reads or writes (without the
+        shortcut, the same ops whatever the rows hold)."""
+        n = logits.shape[0]
+        state = [t[:n] for t in self._tensors()]
+        return self._pick(slice(0, n))(logits, *state, self.tables, self.k_top)
+
+    def commit(self, n: int) -> None:
+        """After the step: each row consumed one uniform."""
+        self._used[:n] += 1
 
     def unpack(self, packed: torch.Tensor) -> StepOut:
         """The host's view of a packed step (call it on the copy: `packed.cpu()`)."""

@@ -27,6 +27,7 @@ from batchwright.engine import prefix
 from batchwright.engine.admission import Placement, place
 from batchwright.engine.attention import Step, decode_runs, fixed_runs
 from batchwright.engine.backends import VarlenArgs
+from batchwright.engine.graphs import DecodeGraphs, capture_for
 from batchwright.engine.intake import Intake, Unit
 from batchwright.engine.jobs import Seq
 from batchwright.engine.padded import padded_decode, padded_prefill
@@ -53,11 +54,17 @@ class Scheduler:
         self.device = engine.lm.device
         self.vocab = engine.lm.vocab_size
         self.backend = engine.attention_backend
-        self.slots = Slots(engine)
+        captured = engine.spec.cuda_graphs and self.backend == "varlen"
+        self.slots = Slots(engine, fixed=self.device.type == "cuda" or captured)
         self.cache = self.slots.cache
         # Sampler slots 0..max_rows-1 are the batch slots; the rest take the candidates
-        # being admitted until their first token is drawn.
-        self.sampler = Sampler(2 * engine.max_rows, self.vocab, self.device)
+        # being admitted until their first token is drawn. A captured step runs the one
+        # fixed sampling graph, compiled on CUDA (its elementwise work fused).
+        fixed: dict[str, bool] = {}
+        if captured:
+            fixed = {"shortcut": False, "compile": self.device.type == "cuda"}
+        self.sampler = Sampler(2 * engine.max_rows, self.vocab, self.device, **fixed)
+        self.graphs = DecodeGraphs(self, capture_for(self.device)) if captured else None
         self.prefix = prefix.enabled(engine, self.cache)
         # On CUDA the host works one step behind: it records step t's tokens while step
         # t + 1 runs (rows that finished run one extra step, dropped). On CPU nothing runs
@@ -128,6 +135,8 @@ class Scheduler:
         s = self.slots
         n = s.rows_for_step()
         placed = place(self.cache, s, units, self.prefix)
+        if not placed and n and self.graphs is not None:
+            return self._outputs(n, self.graphs.step(n, self._max_k(n)))
         if not self.e.lm.varlen:
             return self._padded_step(n, placed)
         ids, positions, dest = (
@@ -187,8 +196,7 @@ class Scheduler:
         seqused = torch.where(s.alive[:n], s.lens[:n] + 1, 1).int()
         table = self.cache.table[:n]
         cu_q = s.arange_int[: n + 1]
-        # hlen trails by a step when the host works one behind: an upper bound is enough.
-        max_q, max_k = 1, max(s.hlen[:n], default=0) + 1 + int(self.lag)
+        max_q, max_k = 1, self._max_k(n)
         if placed:
             lengths = [p.length for p in placed]
             new = [p.length - p.cached for p in placed]  # queries after a cached prefix
@@ -201,6 +209,11 @@ class Scheduler:
             max_q, max_k = max(max_q, *new), max(max_k, *lengths)
         cu_k = torch.nn.functional.pad(seqused.cumsum(0, dtype=torch.int32), (1, 0))
         return VarlenArgs(cu_q, cu_k, seqused, table, max_q, max_k)
+
+    def _max_k(self, n: int) -> int:
+        """Keys the longest decode row reads (hlen trails by a step when the host works
+        one behind: an upper bound is enough)."""
+        return max(self.slots.hlen[:n], default=0) + 1 + int(self.lag)
 
     def _padded_step(self, n: int, placed: Sequence[Placement]) -> list[GenResult]:
         s = self.slots
@@ -215,11 +228,13 @@ class Scheduler:
     def _advance(self, n: int, logits: torch.Tensor) -> list[GenResult]:
         """Sample every slot's next token. With `lag` the host records the previous
         step's tokens now, while this one runs, and this one's at the next step."""
-        s = self.slots
         packed = self.sampler.step(logits)
-        s.advance(n, packed[:, 0].long())
+        self.slots.advance(n, packed[:, 0].long())
+        return self._outputs(n, packed)
+
+    def _outputs(self, n: int, packed: torch.Tensor) -> list[GenResult]:
         # The step's one read-back, started without waiting on CUDA.
-        step = Outputs(packed, s.seqs[:n])
+        step = Outputs(packed, self.slots.seqs[:n])
         if not self.lag:
             return self._record(step)
         done = self._drain()

@@ -27,17 +27,19 @@ if TYPE_CHECKING:
 BUCKETS = (8, 16, 32, 64, 128, 256)
 
 
-def bucket(rows: int, max_rows: int, device: torch.device) -> int:
-    """Rows a step over `rows` live slots runs: exact on CPU, the next bucket on CUDA."""
-    if device.type == "cpu" or rows == 0:
+def bucket(rows: int, max_rows: int, fixed: bool) -> int:
+    """Rows a step over `rows` live slots runs: exact, or with `fixed` shapes (CUDA,
+    captured steps) the next bucket."""
+    if not fixed or rows == 0:
         return rows
     return min(max_rows, next((b for b in BUCKETS if b >= rows), max_rows))
 
 
 class Slots:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, fixed: bool) -> None:
         dev = engine.lm.device
         self.device = dev
+        self.fixed = fixed  # steps run at bucket sizes (see `bucket`)
         self.max_rows = r = engine.max_rows
         self.cache: PagedCache = engine.new_cache()
         self.tokens = torch.zeros(r, dtype=torch.long, device=dev)
@@ -59,7 +61,7 @@ class Slots:
         return self.max_rows - len(self._free)
 
     def rows_for_step(self) -> int:
-        return bucket(self.top, self.max_rows, self.device)
+        return bucket(self.top, self.max_rows, self.fixed)
 
     # --- host -> device without waiting --------------------------------------------------
 
@@ -137,7 +139,7 @@ class Slots:
         block-table rows and per-row state move, never keys or values). Returns the moves
         (sources, destinations) for the sampler's state."""
         live = self.live
-        if bucket(live, self.max_rows, self.device) >= self.rows_for_step():
+        if bucket(live, self.max_rows, self.fixed) >= self.rows_for_step():
             return None
         holes = sorted(s for s in self._free if s < live)
         movers = [s for s in range(self.top - 1, -1, -1) if self.seqs[s] is not None][: len(holes)]

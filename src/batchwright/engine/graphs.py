@@ -1,0 +1,131 @@
+"""Captured decode steps: on CUDA a steady decode step (no prompt admitted) is one graph
+replay instead of a thousand kernel launches from Python.
+
+A step's device work reads only tensors that live as long as the scheduler (slot state,
+block table, KV pools, sampler state), so it can be recorded once and replayed: the
+decode forward (one variable-length attention call per layer), the sampler's fixed
+graph and the in-place advance of tokens and lengths. Graphs are keyed by the step's
+row count (a bucket, slots.py) and a KV-length bucket: `varlen_attn` takes the longest
+key length as a host integer, and a captured call keeps the one it was recorded with,
+so graphs are recorded for powers of two, which bound the rows' real lengths (each row
+reads exactly its own, through `seqused`). The first step of a key runs eagerly, which
+is also the warm-up a capture needs, and records the graph; later ones replay it.
+Admission steps (prompts in the forward) always run eagerly.
+
+What stays on the host around a replay is the sampler's uniform top-up (an in-place
+copy into its ring, before) and its cursor bookkeeping (after).
+
+`Capture` is how a step is recorded: `CudaCapture` with `torch.cuda.CUDAGraph` on one
+memory pool for every graph (only one runs at a time, and each step's packed output is
+copied out, stream-ordered, before the next replay), `EagerCapture` elsewhere (replay
+runs the step again: how the scheduler's graph path runs, and is checked, on CPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from batchwright.engine.attention import Step
+from batchwright.engine.backends import VarlenArgs
+
+if TYPE_CHECKING:
+    from batchwright.engine.scheduler import Scheduler
+
+Body = Callable[[], torch.Tensor]
+# The smallest KV-length bucket (one CUDA block).
+KV_BUCKET_MIN = 256
+
+
+def kv_bucket(max_k: int, cap: int) -> int:
+    """The key length a graph is recorded with: the next power of two, at least
+    KV_BUCKET_MIN, at most `cap` (the context length)."""
+    k = KV_BUCKET_MIN
+    while k < max_k:
+        k *= 2
+    return max(max_k, min(k, cap))
+
+
+class Replay(Protocol):
+    def __call__(self) -> torch.Tensor: ...
+
+
+class Capture(Protocol):
+    def first(self, body: Body) -> tuple[torch.Tensor, Replay]:
+        """Run `body` once for real (this step's outputs) and record it for replays."""
+        ...
+
+
+class EagerCapture:
+    """Replays run the body again (CPU, tests)."""
+
+    def first(self, body: Body) -> tuple[torch.Tensor, Replay]:
+        return body(), body
+
+
+class CudaCapture:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def first(self, body: Body) -> tuple[torch.Tensor, Replay]:
+        out = body()  # the real step, and the warm-up capture wants (lazy library init)
+        graph = torch.cuda.CUDAGraph()
+        # Recording launches nothing: the state the body updates in place is untouched.
+        with torch.cuda.graph(graph, pool=self.pool):
+            static = body()
+
+        def replay() -> torch.Tensor:
+            graph.replay()
+            return static
+
+        return out, replay
+
+
+def capture_for(device: torch.device) -> Capture:
+    return CudaCapture(device) if device.type == "cuda" else EagerCapture()
+
+
+class DecodeGraphs:
+    """Decode steps of a scheduler by graph, one per (rows, KV-length bucket)."""
+
+    def __init__(self, sched: Scheduler, capture: Capture) -> None:
+        if sched.sampler.shortcut:
+            raise ValueError("a captured step needs the sampler's one fixed graph")
+        self.sched = sched
+        self.capture = capture
+        self.cap = sched.e.lm.context_length
+        self.graphs: dict[tuple[int, int], Replay] = {}
+        self.replays = 0
+
+    def step(self, n: int, max_k: int) -> torch.Tensor:
+        """One decode step over slots [0, n) whose rows read at most `max_k` keys; the
+        packed sampler output (on the device; valid until the next step)."""
+        sampler = self.sched.sampler
+        sampler.prepare(n)
+        key = (n, kv_bucket(max_k, self.cap))
+        replay = self.graphs.get(key)
+        if replay is None:
+            packed, self.graphs[key] = self.capture.first(lambda: self._body(*key))
+        else:
+            packed = replay()
+            self.replays += 1
+        sampler.commit(n)
+        return packed
+
+    def _body(self, n: int, max_k: int) -> torch.Tensor:
+        """The device work of a decode step, from long-lived tensors only."""
+        sched = self.sched
+        s, cache = sched.slots, sched.cache
+        lens, alive = s.lens[:n], s.alive[:n]
+        seqused = torch.where(alive, lens + 1, 1).int()
+        cu_k = F.pad(seqused.cumsum(0, dtype=torch.int32), (1, 0))
+        args = VarlenArgs(s.arange_int[: n + 1], cu_k, seqused, cache.table[:n], 1, max_k)
+        plan = Step(cache, n, cache.decode_dest(lens, alive), [], "varlen", varlen=args)
+        logits = sched.e.forward_step(s.tokens[:n], lens, None, plan)
+        packed = sched.sampler.core(logits)
+        s.advance(n, packed[:, 0].long())
+        return packed
