@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from batchwright.engine import attention
 from batchwright.engine.demo import ensure_demo_model
+from batchwright.engine.host_memory import tune_malloc
 from batchwright.engine.native import paged_attention_kernel
 from batchwright.registry import DEMO_MODEL, ModelSpec
 
@@ -102,6 +103,8 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         ensure_demo_model(path)
     device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
+    if device.type == "cpu":
+        tune_malloc()
     tokenizer = AutoTokenizer.from_pretrained(path)
     model, varlen = _from_pretrained(path, dtype)
     model.to(device)
