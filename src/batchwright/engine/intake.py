@@ -47,6 +47,7 @@ class Intake:
         self.it = iter(requests)
         self._ready: Callable[[], int] | None = getattr(requests, "ready", None)
         self.pending: list[Unit] = []  # longest generation first
+        self._groups: Counter[Hashable] = Counter()  # waiting units per group
         self.exhausted = False
 
     @property
@@ -108,6 +109,7 @@ class Intake:
                 head.seqs = head.seqs[len(unit.seqs) :]
             else:
                 del self.pending[at]
+                self._forget([unit])
             if counts is not None:
                 counts[unit.job.group] += len(unit.seqs)
             units.append(unit)
@@ -121,17 +123,22 @@ class Intake:
         """Index of the next unit: the first (longest) of the group with the fewest rows
         running; the head when only one group waits (rows are then not counted). Returns
         the running counts too, taken once per admission round."""
+        if len(self._groups) == 1:
+            return 0, counts
         first: dict[Hashable, int] = {}
         for i, u in enumerate(self.pending):
             first.setdefault(u.job.group, i)
-        if len(first) == 1:
-            return 0, counts
         rows = running() if counts is None else counts
         return min(first.items(), key=lambda gi: (rows[gi[0]], gi[1]))[1], rows
 
     def drop(self, keys: Set[Any]) -> None:
         """Forget waiting candidates of requests in `keys` (cancelled: no result)."""
+        self._forget([u for u in self.pending if u.job.key in keys])
         self.pending = [u for u in self.pending if u.job.key not in keys]
+
+    def _forget(self, units: list[Unit]) -> None:
+        self._groups.subtract(u.job.group for u in units)
+        self._groups += Counter()  # drops groups with none left
 
     def reject_head(self, tokens: int) -> GenResult:
         """The first waiting request cannot fit even in an empty cache of `tokens` tokens:
@@ -183,4 +190,5 @@ class Intake:
                 units.append(Unit(job, p, seqs))
         if units:
             self.pending.extend(units)
+            self._groups.update(u.job.group for u in units)
             self.pending.sort(key=lambda u: -u.job.req.max_tokens)  # stable
