@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,11 @@ def make_engine(demo_path: Path) -> Callable[..., Engine]:
     def make(**spec: Any) -> Engine:
         spec.setdefault("max_rows", 8)
         spec.setdefault("max_batch_tokens", 256)
+        # bench/gpu_check.sh runs these tests on a device (BATCHWRIGHT_TEST_DEVICE=cuda,
+        # BATCHWRIGHT_TEST_DTYPE=bfloat16, BATCHWRIGHT_TEST_CUDA_GRAPHS=1); default: CPU.
+        spec.setdefault("device", os.environ.get("BATCHWRIGHT_TEST_DEVICE", "cpu"))
+        spec.setdefault("dtype", os.environ.get("BATCHWRIGHT_TEST_DTYPE", "auto"))
+        spec.setdefault("cuda_graphs", os.environ.get("BATCHWRIGHT_TEST_CUDA_GRAPHS") == "1")
         return Engine.load(
             ModelSpec(name=spec.pop("name", "test"), path=spec.pop("path", demo_path), **spec)
         )
