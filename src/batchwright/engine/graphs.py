@@ -27,10 +27,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import torch
-import torch.nn.functional as F
-
-from batchwright.engine.attention import Step
-from batchwright.engine.backends import VarlenArgs
 
 if TYPE_CHECKING:
     from batchwright.engine.scheduler import Scheduler
@@ -119,13 +115,9 @@ class DecodeGraphs:
     def _body(self, n: int, max_k: int) -> torch.Tensor:
         """The device work of a decode step, from long-lived tensors only."""
         sched = self.sched
-        s, cache = sched.slots, sched.cache
-        lens, alive = s.lens[:n], s.alive[:n]
-        seqused = torch.where(alive, lens + 1, 1).int()
-        cu_k = F.pad(seqused.cumsum(0, dtype=torch.int32), (1, 0))
-        args = VarlenArgs(s.arange_int[: n + 1], cu_k, seqused, cache.table[:n], 1, max_k)
-        plan = Step(cache, n, cache.decode_dest(lens, alive), [], "varlen", varlen=args)
-        logits = sched.e.forward_step(s.tokens[:n], lens, None, plan)
+        s = sched.slots
+        plan = sched.decode_plan(n, max_k)
+        logits = sched.e.forward_step(s.tokens[:n], s.lens[:n], None, plan)
         packed = sched.sampler.core(logits)
         s.advance(n, packed[:, 0].long())
         return packed

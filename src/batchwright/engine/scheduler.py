@@ -188,15 +188,24 @@ class Scheduler:
                 plan.runs = fixed_runs(lengths, _GPU_RUN) if n else []
             plan.run_lens = lengths
         else:
-            plan.varlen = self._varlen_args(n, placed)
+            plan.varlen = self._varlen_args(n, placed, self._max_k(n))
 
-    def _varlen_args(self, n: int, placed: Sequence[Placement]) -> VarlenArgs:
+    def decode_plan(self, n: int, max_k: int) -> Step:
+        """A varlen step of decode rows only, the longest reading at most `max_k` keys
+        (what graphs.py records)."""
+        s = self.slots
+        dest = self.cache.decode_dest(s.lens[:n], s.alive[:n])
+        plan = Step(self.cache, n, dest, [], "varlen")
+        plan.varlen = self._varlen_args(n, [], max_k)
+        return plan
+
+    def _varlen_args(self, n: int, placed: Sequence[Placement], max_k: int) -> VarlenArgs:
         """Decode rows (one query, dead rows read one scratch token) then prompts."""
         s = self.slots
         seqused = torch.where(s.alive[:n], s.lens[:n] + 1, 1).int()
         table = self.cache.table[:n]
         cu_q = s.arange_int[: n + 1]
-        max_q, max_k = 1, self._max_k(n)
+        max_q = 1
         if placed:
             lengths = [p.length for p in placed]
             new = [p.length - p.cached for p in placed]  # queries after a cached prefix
