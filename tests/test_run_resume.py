@@ -78,7 +78,11 @@ def _interrupt(
     path: Path, env: dict[str, str], at_least: int, sig: int = signal.SIGINT, times: int = 1
 ) -> tuple[int, str]:
     database = RunState(Path(env["BATCHWRIGHT_HOME"]), path).database
-    proc = subprocess.Popen(_cmd(path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # Unbuffered: readline below must not read ahead, or lines it buffered past "stopping"
+    # never reach communicate(), which reads the descriptor (lost in a loaded CI run).
+    proc = subprocess.Popen(
+        _cmd(path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0
+    )
     deadline = time.monotonic() + 300
     while _finished(database) < at_least:
         assert proc.poll() is None, proc.communicate()
