@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import random
+import sys
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from batchwright.engine.sample_step import _PER_NAT, greedy_step, plain_step, sample_step
+from batchwright.engine.sample_step import (
+    _PER_NAT,
+    greedy_step,
+    make_tables,
+    plain_step,
+    sample_step,
+)
 from batchwright.engine.sampler import Sampler
 from batchwright.engine.sampling import BatchSampler, RowParams, update_counts
 
@@ -256,6 +265,27 @@ def test_step_compiles_without_graph_breaks() -> None:
         one = logits[4:5]
         assert torch.equal(a.step(one.clone(), rows=[4]), b.step(one.clone(), rows=[4]))
     assert torch.equal(a.counts, b.counts) and torch.equal(a.offset, b.offset)
+
+
+def test_compiled_step_sweeps_the_vocabulary_at_most_four_times_on_cuda() -> None:
+    # bench/sampler_passes.py reads inductor's code for the step: its count is the test's.
+    path = Path(__file__).parents[2] / "bench" / "sampler_passes.py"
+    spec = importlib.util.spec_from_file_location("sampler_passes", path)
+    assert spec is not None and spec.loader is not None
+    passes = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = passes  # its dataclass looks its module up
+    spec.loader.exec_module(passes)
+    rows, vocab = 8, 50021
+    sweeps, _, packed = passes.count(rows, vocab)
+    kinds = [s.kind for s in sweeps]
+    # The per-row state is updated in place, not through a copy of [B, vocab].
+    assert "copy" not in kinds
+    assert sorted(kinds) == ["max", "scatter", "sum-exp", "sum-exp", "topk", "topk"]
+    assert len(sweeps) - sum(s.online for s in sweeps) <= 4
+    # And compiled by inductor, the step samples what it samples eagerly.
+    eager = sample_step(*passes.inputs(rows, vocab), make_tables(vocab, rows, CPU), 5)
+    assert torch.equal(packed[:, 0], eager[:, 0])
+    assert torch.allclose(packed, eager, atol=1e-4)
 
 
 def test_cpu_shortcuts_give_the_full_graphs_result() -> None:

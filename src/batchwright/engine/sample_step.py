@@ -30,7 +30,8 @@ class Tables(NamedTuple):
     block_ids: torch.Tensor  # [blocks, block] long: token ids per block (padded with vocab-1)
     block_valid: torch.Tensor  # [blocks, block] float: 1 for real ids, 0 for padding
     bins: torch.Tensor  # [1, _BINS] long: 0 .. _BINS-1
-    ones: torch.Tensor  # [capacity, 1] float: a count of one per row
+    ones: torch.Tensor  # [capacity] float: a count of one per row
+    rows: torch.Tensor  # [capacity] long: 0 .. capacity-1
 
 
 def make_tables(vocab: int, capacity: int, device: torch.device) -> Tables:
@@ -45,14 +46,15 @@ def make_tables(vocab: int, capacity: int, device: torch.device) -> Tables:
         block_ids=ids.clamp(max=vocab - 1),
         block_valid=(ids < vocab).float(),
         bins=torch.arange(_BINS, device=device)[None, :],
-        ones=torch.ones((capacity, 1), device=device),
+        ones=torch.ones(capacity, device=device),
+        rows=torch.arange(capacity, device=device),
     )
 
 
 def _finish(
     token: torch.Tensor,
     raw: torch.Tensor,
-    top: tuple[torch.Tensor, torch.Tensor],
+    top: torch.Tensor,
     offset: torch.Tensor,
     counts: torch.Tensor,
     presence: torch.Tensor,
@@ -60,14 +62,18 @@ def _finish(
     cursor: torch.Tensor,
     tables: Tables,
 ) -> torch.Tensor:
-    """State updates after the draw, and the packed result."""
+    """State updates after the draw, and the packed result: logprobs (`raw`) read at the
+    chosen token and at the top-k ids `top`."""
     # Penalties count the generated token: frequency each time, presence the first time
     # (both stored negated and divided by the temperature, like the offset).
-    seen = counts.gather(1, token)
-    offset.scatter_add_(1, token, torch.addcmul(frequency[:, None], presence[:, None], seen == 0))
-    counts.scatter_add_(1, token, tables.ones[: len(token)])
+    # index_put_ rather than scatter_add_: compiled, a scatter into an input is done on a
+    # copy of the whole [B, vocab] state and copied back; index_put_ is done in place.
+    at = (tables.rows[: len(token)], token[:, 0])
+    seen = counts[at]
+    offset.index_put_(at, torch.addcmul(frequency, presence, seen == 0), accumulate=True)
+    counts.index_put_(at, tables.ones[: len(token)], accumulate=True)
     cursor.add_(1)
-    return torch.cat([token.float(), raw.gather(1, token), top[1].float(), top[0]], dim=1)
+    return torch.cat([token.float(), raw.gather(1, token), top.float(), raw.gather(1, top)], 1)
 
 
 def sample_step(
@@ -92,11 +98,14 @@ def sample_step(
     updated in place (they may be views of the sampler's state)."""
     x = logits.float()
     raw = torch.log_softmax(x, dim=-1)
-    top = raw.topk(k_top, dim=-1)
+    top = logits.topk(k_top, dim=-1).indices
     z = torch.addcmul(offset, x, inv_t[:, None])
     cand, cand_ids = z.topk(min(_CANDIDATES, z.shape[1]), dim=-1)
-    p = torch.softmax(z, dim=-1)
-    pc = p.gather(1, cand_ids)
+    # Probabilities are read through their logs: compiled, neither is written out (the
+    # log-softmax's max and sum become one online pass on CUDA; the histogram below
+    # exponentiates as it reads), eager they cost one exp.
+    lp = torch.log_softmax(z, dim=-1)
+    pc = lp.gather(1, cand_ids).exp_()
     cmass = pc.cumsum(dim=-1)
     target = top_p[:, None]
     # A narrow nucleus ends among the candidates: its last token is exact (ties stay).
@@ -109,9 +118,9 @@ def sample_step(
     # Mass per (vocabulary block, bin); bin d holds tokens d/_PER_NAT nats below `floor`
     # (bin 0: at or above it; the last bin: everything further down).
     depth = torch.sub(floor * _PER_NAT, z, alpha=_PER_NAT).ceil_().clamp_(0, _BINS - 1)
-    table = p.new_zeros(p.shape[0], tables.block_ids.shape[0] * _BINS)
-    table.scatter_add_(1, (depth + tables.cells).long(), p)
-    table = table.view(p.shape[0], -1, _BINS)
+    table = z.new_zeros(z.shape[0], tables.block_ids.shape[0] * _BINS)
+    table.scatter_add_(1, (depth + tables.cells).long(), lp.exp())
+    table = table.view(z.shape[0], -1, _BINS)
     # Bins are kept while the mass above them is below top_p; a narrow nucleus is bin 0.
     # The edge: the last bin whose mass above it is below top_p (bin 0's is none).
     bins = table.sum(dim=1)
@@ -125,7 +134,7 @@ def sample_step(
     goal = goal - (cdf - blocks).gather(1, b)
     ids = tables.block_ids.index_select(0, b[:, 0])
     valid = tables.block_valid.index_select(0, b[:, 0])
-    w = p.gather(1, ids) * (depth.gather(1, ids) <= edge) * valid
+    w = lp.gather(1, ids).exp_() * (depth.gather(1, ids) <= edge) * valid
     wc = w.cumsum(dim=-1)
     # Rounding (block sums against this cumsum) must not push the draw past the block.
     goal = torch.minimum(goal, wc[:, -1:] * _BELOW_ONE).clamp_(min=0.0)
@@ -152,7 +161,7 @@ def greedy_step(
     adjusted logits, same result and state updates."""
     x = logits.float()
     raw = torch.log_softmax(x, dim=-1)
-    top = raw.topk(k_top, dim=-1)
+    top = logits.topk(k_top, dim=-1).indices
     # max() rather than argmax(): the same first maximal index, faster on CPU.
     token = (x + offset).max(dim=-1, keepdim=True).indices
     return _finish(token, raw, top, offset, counts, presence, frequency, cursor, tables)

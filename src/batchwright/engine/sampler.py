@@ -35,17 +35,23 @@ Temperatures below TEMPERATURE_EPSILON are greedy (1 / 1e-45 overflows float32).
 How: penalties and bias live in one [capacity, vocab] offset kept divided by the row's
 temperature, updated in place: the bias scattered from padded (id, value) rows at
 admission, penalties at the chosen token after each step. The step reads [B, vocab] in:
-log_softmax of the raw logits and its top-k (logprobs), z = logits / T + offset (one
-addcmul), top-C of z (the greedy token, and the nucleus edge, exact, when the nucleus lies
-within the C most likely tokens: most rows), softmax of z, and one scatter pass summing
-probability per (vocabulary block, log-probability bin below the edge). Bins give the
-edge of wider nuclei: tokens within 1/_PER_NAT nat of their last token stay, like ties.
-The draw picks a block from the block sums and a token inside it (one block per row).
-Eager, that is about nine full-vocabulary passes (58 aten ops, views aside); under
-torch.compile the elementwise work can fuse into the reductions (log_softmax with z,
-softmax with the bin index and the scatter: five passes). Neither figure was measured on
-a GPU. On CPU, batches without a sampled row take `greedy_step` (14 ops, four passes):
-there every op costs its elements, and the full graph's op count is fixed anyway.
+the log-softmax of the raw logits (read only at the chosen and top-k ids) and the top-k of
+the logits, z = logits / T + offset (one addcmul), top-C of z (the greedy token, and the
+nucleus edge, exact, when the nucleus lies within the C most likely tokens: most rows),
+the log-softmax of z, and one scatter pass summing probability per (vocabulary block,
+log-probability bin below the edge). Bins give the edge of wider nuclei: tokens within
+1/_PER_NAT nat of their last token stay, like ties. The draw picks a block from the block
+sums and a token inside it (one block per row). State updates at the chosen token use
+index_put_, which inductor does in place (a scatter_add_ into an input is done on a copy
+of the whole [B, vocab] tensor, then copied back).
+
+Compiled, that is four passes over [B, vocab] on CUDA: one kernel writes z and takes both
+log-softmax reductions (max and sum in one online pass), two topk, and the histogram
+(probabilities exponentiated as it reads z, nothing else written). `bench/sampler_passes.py`
+counts them in inductor's generated code: six on the CPU backend, which has no online
+softmax (each sum is a second loop), four on CUDA derived from those, not measured on a
+GPU. Eager (CPU), the step is 59 aten ops whatever the batch. On CPU, batches without a
+sampled row take `greedy_step` or `plain_step`: there every op costs its elements.
 """
 
 from __future__ import annotations

@@ -1,0 +1,148 @@
+"""Full-vocabulary passes of the compiled sampling step: how often it sweeps [B, vocab].
+
+Compiles `sample_step` with inductor (the CPU backend: it runs here) and reads the
+generated code. A pass is one sweep over the vocabulary: a loop over [B, vocab] in a
+generated kernel, or an extern op (topk) whose operand is [B, vocab]. Gathers and the
+scatters that update the per-row state at the chosen token touch a few elements a row
+and are not passes. The scatter that builds the probability histogram is lowered the way
+inductor lowers it on CUDA (fused with its producer, atomic adds) rather than CPU's
+default fallback (an int64 index tensor written out, then ATen's scatter).
+
+One difference is reported, not hidden: inductor on CUDA computes a softmax's max and its
+sum of exponentials in one online pass (`prepare_softmax_online`; the CPU backend has no
+such codegen), so each "sum-exp" loop below that re-reads a tensor a "max" loop of the
+same kernel read merges into that loop on CUDA. The CUDA figure is derived that way;
+it has not been measured on a GPU.
+
+    .venv/bin/python bench/sampler_passes.py [--rows 8] [--vocab 50021] [--show-code]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch._inductor.config as inductor_config
+from torch._inductor.utils import run_and_get_code
+
+from batchwright.engine.sample_step import _RING, make_tables, sample_step
+
+_KERNEL = re.compile(r"(cpp_fused_\w+) = async_compile\.cpp_pybinding\(\[.*?\], r'''(.*?)'''", re.S)
+_LOOP = re.compile(
+    r"for\(int64_t (x\d+)=static_cast<int64_t>\(0L\); \1<static_cast<int64_t>\((\d+)L\)"
+)
+_LOAD = re.compile(r"\b((?:in_out|in|out)_ptr\d+)\s*\+")
+
+
+@dataclass
+class Sweep:
+    op: str
+    kind: str  # "max", "sum-exp", "write", "scatter", "topk", ...
+    reads: set[str] = field(default_factory=set)
+    online: bool = False  # merges into an earlier max loop on CUDA
+
+
+def _loops(src: str, rows: int, vocab: int) -> list[tuple[str, set[str]]]:
+    """(kind, pointers read or written) of each loop over the vocabulary in a kernel (or
+    over all of [B, vocab] flattened: a copy)."""
+    heads = [m for m in _LOOP.finditer(src) if int(m.group(2)) in (vocab, rows * vocab)]
+    out = []
+    for i, m in enumerate(heads):
+        end = heads[i + 1].start() if i + 1 < len(heads) else len(src)
+        body = src[m.start() : end]
+        ptrs = set(_LOAD.findall(body))
+        if "atomic_add" in body:
+            kind = "scatter"
+        elif "max_propagate_nan" in body or "maximum(" in body:
+            kind = "max"
+        elif "exp(" in body and "tmp_acc" in body:
+            kind = "sum-exp"
+        elif int(m.group(2)) == rows * vocab:
+            kind = "copy"
+        else:
+            kind = "sweep"
+        out.append((kind, ptrs))
+    return out
+
+
+def inputs(rows: int, vocab: int) -> list[torch.Tensor]:
+    """`sample_step`'s tensor arguments for a batch of sampled rows (seeded)."""
+    gen = torch.Generator().manual_seed(0)
+    return [
+        torch.randn(rows, vocab, generator=gen) * 4,  # logits
+        torch.zeros(rows, vocab),  # offset
+        torch.zeros(rows, vocab),  # counts
+        torch.full((rows,), 1 / 0.7),  # inv_t
+        torch.zeros(rows, dtype=torch.bool),  # greedy
+        torch.full((rows,), 0.9),  # top_p
+        torch.zeros(rows),  # presence
+        torch.zeros(rows),  # frequency
+        torch.rand(rows, _RING, generator=gen),  # ring
+        torch.zeros(rows, dtype=torch.long),  # cursor
+    ]
+
+
+def count(rows: int, vocab: int, k_top: int = 5) -> tuple[list[Sweep], str, torch.Tensor]:
+    """The passes of the compiled step, inductor's code, and the step's packed result."""
+    tables = make_tables(vocab, rows, torch.device("cpu"))
+    args = inputs(rows, vocab)
+    torch._dynamo.reset()
+    with inductor_config.patch({"cpp.fallback_scatter_reduce_sum": False}):
+        fn: Callable[..., torch.Tensor] = torch.compile(sample_step, fullgraph=True)
+        packed, codes = run_and_get_code(fn, *args, tables, k_top)
+    code = codes[0]
+    kernels = {name: src for name, src in _KERNEL.findall(code)}
+    call = code[code.index("def call(") :]
+    call = call[: call.index("runner = Runner")] if "runner = Runner" in call else call
+    shape = rf"\({rows}, {vocab}\)"
+    big = set(re.findall(rf"(buf\d+) = empty_strided_cpu\({shape}", call))
+    big |= set(re.findall(rf"assert_size_stride\((arg\d+_1), {shape}", call))
+    sweeps: list[Sweep] = []
+    for line in call.splitlines():
+        line = line.strip()
+        name = line.split("(")[0]
+        if name in kernels:
+            for kind, ptrs in _loops(kernels[name], rows, vocab):
+                sweeps.append(Sweep(name, kind, ptrs))
+            # A sum-exp loop over a tensor a max loop of the same kernel already read
+            # is the second half of an online softmax on CUDA.
+            maxed: set[str] = set()
+            for s in (s for s in sweeps if s.op == name):
+                if s.kind == "max":
+                    maxed |= s.reads
+                elif s.kind == "sum-exp" and s.reads & maxed:
+                    s.online = True
+        elif "aten." in line and "(" in line and not line.startswith(("assert", "#")):
+            operands = set(re.findall(r"\b(?:arg\d+_1|buf\d+)\b", line.split("(", 1)[1]))
+            op = re.search(r"aten\.(\w+)", line)
+            if operands & big and op is not None and op.group(1) in ("topk", "sort", "cumsum"):
+                sweeps.append(Sweep(f"aten.{op.group(1)}", op.group(1), operands & big))
+    return sweeps, code, packed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rows", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=50021, help="odd, so it names no other size")
+    ap.add_argument("--show-code", action="store_true", help="print inductor's output code")
+    a = ap.parse_args()
+    sweeps, code, _ = count(a.rows, a.vocab)
+    if a.show_code:
+        print(code)
+    print(f"compiled sample_step, B = {a.rows}, vocab = {a.vocab} (inductor, CPU backend)")
+    print(f"{'#':>2}  {'kernel or op':<60} {'loop':<8} on CUDA")
+    for i, s in enumerate(sweeps, 1):
+        cuda = "merges into the max pass (online softmax)" if s.online else "a pass"
+        print(f"{i:>2}  {s.op[:60]:<60} {s.kind:<8} {cuda}")
+    merged = sum(s.online for s in sweeps)
+    print(
+        f"passes over [B, vocab]: {len(sweeps)} on CPU (measured), "
+        f"{len(sweeps) - merged} on CUDA (derived)"
+    )
+
+
+if __name__ == "__main__":
+    main()
