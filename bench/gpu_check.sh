@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything the CUDA path needs checked, in one run on a GPU machine (the `device` tool
 # runs it from the repository root): the engine tests on CUDA in bf16, eager and with CUDA
-# graphs; the step profile; engine_bench and prefix_bench in their GPU modes. Figures and
-# logs land in $OUT (or ./gpu-check). Sized for about 10 minutes on an H200 (untried).
+# graphs; the sampler's passes over the vocabulary as inductor compiles it for CUDA; the
+# step profile; engine_bench and prefix_bench in their GPU modes. Figures and logs land
+# in $OUT (or ./gpu-check). Sized for about 10 minutes on an H200 (untried).
 set -uo pipefail
 OUT=${OUT:-gpu-check}
 mkdir -p "$OUT"
@@ -24,6 +25,7 @@ run engine-tests 240 "$PY" -m pytest -q -x tests/engine -p no:cacheprovider
 BATCHWRIGHT_TEST_CUDA_GRAPHS=1 run engine-tests-graphs 240 \
   "$PY" -m pytest -q tests/engine -p no:cacheprovider
 unset BATCHWRIGHT_TEST_DEVICE BATCHWRIGHT_TEST_DTYPE
+run sampler-passes 180 "$PY" bench/sampler_passes.py --cuda --rows 256 --vocab 151936
 run step-profile 120 "$PY" bench/step_profile.py --cuda
 run step-profile-graphs 120 "$PY" bench/step_profile.py --cuda --graphs
 run engine-bench 300 "$PY" bench/engine_bench.py --gpu

@@ -11,10 +11,13 @@ default fallback (an int64 index tensor written out, then ATen's scatter).
 One difference is reported, not hidden: inductor on CUDA computes a softmax's max and its
 sum of exponentials in one online pass (`prepare_softmax_online`; the CPU backend has no
 such codegen), so each "sum-exp" loop below that re-reads a tensor a "max" loop of the
-same kernel read merges into that loop on CUDA. The CUDA figure is derived that way;
-it has not been measured on a GPU.
+same kernel read merges into that loop on CUDA. The CUDA figure is derived that way.
+With --cuda (bench/gpu_check.sh) the step is compiled for the GPU, logits in bfloat16,
+and the Triton kernels are counted instead: a reduction over the vocabulary counts its
+loops (one when persistent), a kernel over [B, vocab] elements counts one.
 
     .venv/bin/python bench/sampler_passes.py [--rows 8] [--vocab 50021] [--show-code]
+    python bench/sampler_passes.py --cuda --rows 256 --vocab 151936
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ _LOOP = re.compile(
     r"for\(int64_t (x\d+)=static_cast<int64_t>\(0L\); \1<static_cast<int64_t>\((\d+)L\)"
 )
 _LOAD = re.compile(r"\b((?:in_out|in|out)_ptr\d+)\s*\+")
+_TRITON = re.compile(r"(triton_\w+) = async_compile\.triton\('\w+', '''(.*?)'''", re.S)
 
 
 @dataclass
@@ -68,11 +72,24 @@ def _loops(src: str, rows: int, vocab: int) -> list[tuple[str, set[str]]]:
     return out
 
 
-def inputs(rows: int, vocab: int) -> list[torch.Tensor]:
+def _triton_passes(src: str, rows: int, vocab: int) -> list[str]:
+    """The kinds of a Triton kernel's sweeps over [B, vocab] (CUDA: measured)."""
+    numel = re.search(r"\bxnumel = (\d+)", src)
+    rnumel = re.search(r"\br0?_?numel = (\d+)", src)
+    if rnumel is not None and int(rnumel.group(1)) == vocab:
+        kind = "online" if "online_softmax" in src else "reduce"
+        return [kind] * max(1, src.count("for r0_offset in range"))
+    if numel is not None and int(numel.group(1)) == rows * vocab:
+        return ["scatter" if "atomic_add" in src else "sweep"]
+    return []
+
+
+def inputs(rows: int, vocab: int, device: str = "cpu") -> list[torch.Tensor]:
     """`sample_step`'s tensor arguments for a batch of sampled rows (seeded)."""
     gen = torch.Generator().manual_seed(0)
-    return [
-        torch.randn(rows, vocab, generator=gen) * 4,  # logits
+    logits = torch.randn(rows, vocab, generator=gen) * 4
+    tensors = [
+        logits if device == "cpu" else logits.bfloat16(),  # logits
         torch.zeros(rows, vocab),  # offset
         torch.zeros(rows, vocab),  # counts
         torch.full((rows,), 1 / 0.7),  # inv_t
@@ -83,28 +100,35 @@ def inputs(rows: int, vocab: int) -> list[torch.Tensor]:
         torch.rand(rows, _RING, generator=gen),  # ring
         torch.zeros(rows, dtype=torch.long),  # cursor
     ]
+    return [t.to(device) for t in tensors]
 
 
-def count(rows: int, vocab: int, k_top: int = 5) -> tuple[list[Sweep], str, torch.Tensor]:
+def count(
+    rows: int, vocab: int, k_top: int = 5, device: str = "cpu"
+) -> tuple[list[Sweep], str, torch.Tensor]:
     """The passes of the compiled step, inductor's code, and the step's packed result."""
-    tables = make_tables(vocab, rows, torch.device("cpu"))
-    args = inputs(rows, vocab)
+    tables = make_tables(vocab, rows, torch.device(device))
+    args = inputs(rows, vocab, device)
     torch._dynamo.reset()
     with inductor_config.patch({"cpp.fallback_scatter_reduce_sum": False}):
         fn: Callable[..., torch.Tensor] = torch.compile(sample_step, fullgraph=True)
         packed, codes = run_and_get_code(fn, *args, tables, k_top)
     code = codes[0]
     kernels = {name: src for name, src in _KERNEL.findall(code)}
+    triton = {name: src for name, src in _TRITON.findall(code)}
     call = code[code.index("def call(") :]
     call = call[: call.index("runner = Runner")] if "runner = Runner" in call else call
     shape = rf"\({rows}, {vocab}\)"
-    big = set(re.findall(rf"(buf\d+) = empty_strided_cpu\({shape}", call))
+    big = set(re.findall(rf"(buf\d+) = empty_strided_\w+\({shape}", call))
     big |= set(re.findall(rf"assert_size_stride\((arg\d+_1), {shape}", call))
     sweeps: list[Sweep] = []
     for line in call.splitlines():
         line = line.strip()
         name = line.split("(")[0]
-        if name in kernels:
+        if name.endswith(".run") and name[: -len(".run")] in triton:
+            name = name[: -len(".run")]
+            sweeps.extend(Sweep(name, kind) for kind in _triton_passes(triton[name], rows, vocab))
+        elif name in kernels:
             for kind, ptrs in _loops(kernels[name], rows, vocab):
                 sweeps.append(Sweep(name, kind, ptrs))
             # A sum-exp loop over a tensor a max loop of the same kernel already read
@@ -128,10 +152,18 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=50021, help="odd, so it names no other size")
     ap.add_argument("--show-code", action="store_true", help="print inductor's output code")
+    ap.add_argument("--cuda", action="store_true", help="compile for CUDA and count Triton's")
     a = ap.parse_args()
-    sweeps, code, _ = count(a.rows, a.vocab)
+    device = "cuda" if a.cuda else "cpu"
+    sweeps, code, _ = count(a.rows, a.vocab, device=device)
     if a.show_code:
         print(code)
+    if a.cuda:
+        print(f"compiled sample_step, B = {a.rows}, vocab = {a.vocab} (inductor, CUDA, measured)")
+        for i, s in enumerate(sweeps, 1):
+            print(f"{i:>2}  {s.op[:60]:<60} {s.kind}")
+        print(f"passes over [B, vocab]: {len(sweeps)} on CUDA (measured)")
+        return
     print(f"compiled sample_step, B = {a.rows}, vocab = {a.vocab} (inductor, CPU backend)")
     print(f"{'#':>2}  {'kernel or op':<60} {'loop':<8} on CUDA")
     for i, s in enumerate(sweeps, 1):
