@@ -79,6 +79,8 @@ def test_paged_backends_match_sdpa_per_row() -> None:
         (64, 4, 1, 64, 8.0),  # one kv head; peaked softmax (weights far below 1e-38)
         (8, 4, 2, 80, 1.0),  # dim 80: the vector loops in a 64 and a 16 part
         (5, 4, 2, 16, 1.0),  # blocks not a multiple of 8 tokens
+        (8, 4, 2, 32, 1.0),  # rows on shared blocks in pairs, two AVX-512 registers a head
+        (16, 2, 1, 16, 8.0),  # ... one register a head
         (16, 6, 2, 20, 1.0),  # dim not a multiple of 8: the plain loops
         (7, 3, 1, 36, 4.0),
     ],

@@ -39,7 +39,9 @@ def _flags() -> tuple[str, list[str]]:
     keeps builds for different instruction sets apart in a shared cache."""
     capability = torch.backends.cpu.get_cpu_capability().lower()
     flags = ["-O3", "-fopenmp"]
-    if capability in ("avx2", "avx512"):
+    if capability == "avx512":
+        return "avx512", [*flags, "-mavx2", "-mfma", "-mavx512f"]
+    if capability == "avx2":
         return "avx2", [*flags, "-mavx2", "-mfma"]
     return "base", flags
 

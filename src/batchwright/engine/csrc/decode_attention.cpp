@@ -103,11 +103,57 @@ inline void add_values(float* acc, const float* w, const float* v, int64_t vt,
 constexpr bool kVector = false;
 #endif
 
+#if defined(__AVX512F__)
+// With AVX-512 a head of dim 64 is 4 registers instead of 8: half the instructions for
+// the same products. Prompt-prefix blocks shared by many rows are in cache, so there the
+// kernel is bound by instructions, not memory.
+constexpr bool kWide = true;
+
+// The 16 lanes of a folded into 8 (lo + hi), for the 8-lane reductions above.
+inline __m256 fold(__m512 a) {
+  return _mm256_add_ps(_mm512_castps512_ps256(a),
+                       _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+
+// Like add_values; a head of up to 4 registers alternates two sets of accumulators over
+// the tokens, so 8 FMA chains hide the FMA latency (4 chains left it waiting).
+template <int NV>
+inline void add_values16(float* acc, const float* w, const float* v, int64_t vt,
+                         int64_t count) {
+  __m512 a[NV];
+  for (int i = 0; i < NV; ++i) a[i] = _mm512_loadu_ps(acc + 16 * i);
+  int64_t j = 0;
+  if constexpr (NV <= 4) {
+    __m512 b[NV];
+    for (int i = 0; i < NV; ++i) b[i] = _mm512_setzero_ps();
+    for (; j + 1 < count; j += 2) {
+      const __m512 w0 = _mm512_set1_ps(w[j]), w1 = _mm512_set1_ps(w[j + 1]);
+      const float* v0 = v + j * vt;
+      const float* v1 = v0 + vt;
+      for (int i = 0; i < NV; ++i) {
+        a[i] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(v0 + 16 * i), a[i]);
+        b[i] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(v1 + 16 * i), b[i]);
+      }
+    }
+    for (int i = 0; i < NV; ++i) a[i] = _mm512_add_ps(a[i], b[i]);
+  }
+  for (; j < count; ++j) {
+    const __m512 wj = _mm512_set1_ps(w[j]);
+    const float* vj = v + j * vt;
+    for (int i = 0; i < NV; ++i) a[i] = _mm512_fmadd_ps(wj, _mm512_loadu_ps(vj + 16 * i), a[i]);
+  }
+  for (int i = 0; i < NV; ++i) _mm512_storeu_ps(acc + 16 * i, a[i]);
+}
+#else
+constexpr bool kWide = false;
+#endif
+
 // The shape of one call, as the block steps below need it.
 struct Step {
   int64_t hq, group, d, kt, vt, stride;  // stride: one head's scores (block_size, rounded up)
   float scale;
   bool vector;  // the AVX2 loops (dim % 8 == 0)
+  bool wide;    // their AVX-512 form (dim % 16 == 0)
 };
 
 // Tokens [j0, j1) of the data read next (`ahead`, `ahead_tokens` tokens of `row` floats;
@@ -138,6 +184,27 @@ inline void scores(const Step& p, const float* qr, const float* kb, int64_t stop
       for (int64_t h = 0; h < p.hq; ++h) {
         const int64_t off = (h / p.group) * p.d;
         const float* qh = qr + h * p.d;
+#if defined(__AVX512F__)
+        if (p.wide) {
+          __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0, b4 = b0, b5 = b0,
+                 b6 = b0, b7 = b0;
+          for (int64_t x = off; x < off + p.d; x += 16) {
+            const __m512 qv = _mm512_loadu_ps(qh + x - off);
+            b0 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kj[0] + x), b0);
+            b1 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kj[1] + x), b1);
+            b2 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kj[2] + x), b2);
+            b3 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kj[3] + x), b3);
+            b4 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kj[4] + x), b4);
+            b5 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kj[5] + x), b5);
+            b6 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kj[6] + x), b6);
+            b7 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kj[7] + x), b7);
+          }
+          _mm256_storeu_ps(s + h * p.stride + j0,
+                           _mm256_mul_ps(sc, hsum8(fold(b0), fold(b1), fold(b2), fold(b3),
+                                                   fold(b4), fold(b5), fold(b6), fold(b7))));
+          continue;
+        }
+#endif
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0,
                a6 = a0, a7 = a0;
         for (int64_t x = off; x < off + p.d; x += 8) {
@@ -233,6 +300,24 @@ inline void values(const Step& p, const float* vb, int64_t stop, const float* s,
       const float* vh = vb + j0 * p.vt + (h / p.group) * p.d;
       float* ah = acc + h * p.d;
 #if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX512F__)
+      if (p.wide) {
+        // 128 floats (8 registers) at a time; the rest of the head in one smaller step.
+        for (int64_t x = 0; x < p.d; x += 128) {
+          switch (std::min<int64_t>(8, (p.d - x) / 16)) {
+            case 8: add_values16<8>(ah + x, w, vh + x, p.vt, count); break;
+            case 7: add_values16<7>(ah + x, w, vh + x, p.vt, count); break;
+            case 6: add_values16<6>(ah + x, w, vh + x, p.vt, count); break;
+            case 5: add_values16<5>(ah + x, w, vh + x, p.vt, count); break;
+            case 4: add_values16<4>(ah + x, w, vh + x, p.vt, count); break;
+            case 3: add_values16<3>(ah + x, w, vh + x, p.vt, count); break;
+            case 2: add_values16<2>(ah + x, w, vh + x, p.vt, count); break;
+            default: add_values16<1>(ah + x, w, vh + x, p.vt, count); break;
+          }
+        }
+        continue;
+      }
+#endif
       if (p.vector) {
         // 64 floats (8 registers) at a time; the rest of the head in one smaller step.
         for (int64_t x = 0; x < p.d; x += 64) {
@@ -259,6 +344,79 @@ inline void values(const Step& p, const float* vb, int64_t stop, const float* s,
     }
   }
 }
+
+#if defined(__AVX512F__)
+// scores() for two rows on the same block (a shared prompt prefix): each key is loaded
+// once for both queries. Full blocks only (stop == block size, a multiple of 8).
+inline void scores2(const Step& p, const float* q1, const float* q2, const float* kb,
+                    int64_t stop, float* s1, float* s2) {
+  const __m256 sc = _mm256_set1_ps(p.scale);
+  for (int64_t j0 = 0; j0 < stop; j0 += kChunk) {
+    const float* kj = kb + j0 * p.kt;
+    for (int64_t h = 0; h < p.hq; ++h) {
+      const int64_t off = (h / p.group) * p.d;
+      const float* qa = q1 + h * p.d;
+      const float* qb = q2 + h * p.d;
+      __m512 a[kChunk], b[kChunk];
+      for (int t = 0; t < kChunk; ++t) a[t] = b[t] = _mm512_setzero_ps();
+      for (int64_t x = off; x < off + p.d; x += 16) {
+        const __m512 va = _mm512_loadu_ps(qa + x - off), vb = _mm512_loadu_ps(qb + x - off);
+        for (int t = 0; t < kChunk; ++t) {
+          const __m512 k = _mm512_loadu_ps(kj + t * p.kt + x);
+          a[t] = _mm512_fmadd_ps(va, k, a[t]);
+          b[t] = _mm512_fmadd_ps(vb, k, b[t]);
+        }
+      }
+      _mm256_storeu_ps(s1 + h * p.stride + j0,
+                       _mm256_mul_ps(sc, hsum8(fold(a[0]), fold(a[1]), fold(a[2]), fold(a[3]),
+                                               fold(a[4]), fold(a[5]), fold(a[6]), fold(a[7]))));
+      _mm256_storeu_ps(s2 + h * p.stride + j0,
+                       _mm256_mul_ps(sc, hsum8(fold(b[0]), fold(b[1]), fold(b[2]), fold(b[3]),
+                                               fold(b[4]), fold(b[5]), fold(b[6]), fold(b[7]))));
+    }
+  }
+}
+
+// values() for two rows on the same block: each value loaded once for both. NV
+// registers per head and row (a compile-time count, so the accumulators stay in
+// registers: with a runtime count they lived on the stack, a store and a load per token).
+template <int NV>
+inline void values2_head(const float* w1, const float* w2, const float* vh, int64_t vt,
+                         int64_t stop, float* a1, float* a2) {
+  __m512 a[NV], b[NV];
+  for (int i = 0; i < NV; ++i) a[i] = _mm512_loadu_ps(a1 + 16 * i);
+  for (int i = 0; i < NV; ++i) b[i] = _mm512_loadu_ps(a2 + 16 * i);
+  for (int64_t j = 0; j < stop; ++j) {
+    const __m512 wa = _mm512_set1_ps(w1[j]), wb = _mm512_set1_ps(w2[j]);
+    const float* vj = vh + j * vt;
+    for (int i = 0; i < NV; ++i) {
+      const __m512 v = _mm512_loadu_ps(vj + 16 * i);
+      a[i] = _mm512_fmadd_ps(wa, v, a[i]);
+      b[i] = _mm512_fmadd_ps(wb, v, b[i]);
+    }
+  }
+  for (int i = 0; i < NV; ++i) _mm512_storeu_ps(a1 + 16 * i, a[i]);
+  for (int i = 0; i < NV; ++i) _mm512_storeu_ps(a2 + 16 * i, b[i]);
+}
+
+// Heads of 16 to 64 dims (a multiple of 16).
+inline void values2(const Step& p, const float* vb, int64_t stop, const float* s1,
+                    const float* s2, float* acc1, float* acc2) {
+  for (int64_t h = 0; h < p.hq; ++h) {
+    const float* w1 = s1 + h * p.stride;
+    const float* w2 = s2 + h * p.stride;
+    const float* vh = vb + (h / p.group) * p.d;
+    float* a1 = acc1 + h * p.d;
+    float* a2 = acc2 + h * p.d;
+    switch (p.d / 16) {
+      case 4: values2_head<4>(w1, w2, vh, p.vt, stop, a1, a2); break;
+      case 3: values2_head<3>(w1, w2, vh, p.vt, stop, a1, a2); break;
+      case 2: values2_head<2>(w1, w2, vh, p.vt, stop, a1, a2); break;
+      default: values2_head<1>(w1, w2, vh, p.vt, stop, a1, a2); break;
+    }
+  }
+}
+#endif
 
 }  // namespace paged
 
@@ -298,7 +456,8 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Te
   const int64_t kb0 = k.stride(0), vb0 = v.stride(0);
   const int64_t stride = (bs + paged::kChunk - 1) / paged::kChunk * paged::kChunk;
   const paged::Step p{hq,     hq / hkv, d, k.stride(1), v.stride(1), stride,
-                      static_cast<float>(scale), paged::kVector && d % 8 == 0};
+                      static_cast<float>(scale), paged::kVector && d % 8 == 0,
+                      paged::kWide && d % 16 == 0};
   // One item per row, all heads together: a block holds every head of its tokens side by
   // side, so its keys (then values) are read once, front to back in 8-token chunks. One
   // head at a time over the whole block strided through it, which measured 2-3x slower.
@@ -312,27 +471,30 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Te
     seen += len[r];
     while (part < parts && seen * parts >= total * part) bounds[part++] = r + 1;
   }
+  // Two consecutive rows starting on the same full blocks (a shared prompt prefix) read
+  // those blocks together, each key and value loaded once for both queries (AVX-512,
+  // heads of 16 to 64 dims): there the kernel is bound by instructions, not memory.
+  const bool pairs = p.wide && d <= 64 && bs % paged::kChunk == 0;
   at::parallel_for(0, parts, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> acc(hq * d), top(hq), sum(hq), s(hq * stride);
+    std::vector<float> acc(2 * hq * d), top(2 * hq), sum(2 * hq), s(2 * hq * stride);
     const int64_t end = bounds[last];
     int64_t prev = -1;  // the last row this thread read
-    for (int64_t r = bounds[first]; r < end; ++r) {
+    // Blocks from the i0-th of row r, into state k (0 or 1) of the buffers above.
+    auto run = [&](int64_t r, int64_t i0, int64_t k) {
       const int64_t n = len[r];
-      if (n == 0) continue;
       // The next row this thread reads: its first keys are prefetched during our last block.
       int64_t after = r + 1;
       while (after < end && len[after] == 0) ++after;
       const int32_t* blocks = tp + r * width;
       const float* qr = qp + r * hq * d;
+      float *ak = acc.data() + k * hq * d, *tk = top.data() + k * hq, *sk = sum.data() + k * hq;
+      float* sc = s.data() + k * hq * stride;
       // Whether `row` also read our i-th block at the same place (a shared prompt prefix):
       // then it is still in cache, and prefetching it again measured 10-15 % slower.
       auto shared = [&](int64_t row, int64_t i) {
         return row >= 0 && len[row] > i * bs && tp[row * width + i] == blocks[i];
       };
-      std::fill(acc.begin(), acc.end(), 0.f);
-      std::fill(top.begin(), top.end(), -INFINITY);
-      std::fill(sum.begin(), sum.end(), 0.f);
-      for (int64_t start = 0; start < n; start += bs) {
+      for (int64_t start = i0 * bs; start < n; start += bs) {
         const int64_t i = start / bs, stop = std::min<int64_t>(bs, n - start);
         const float* kb = kp + blocks[i] * kb0;
         const float* vb = vp + blocks[i] * vb0;
@@ -349,17 +511,59 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Te
           nk = kp + tp[after * width] * kb0;
           next = std::min(bs, len[after]);
         }
-        paged::scores(p, qr, kb, stop, shared(prev, i) ? nullptr : vb, s.data());
-        paged::weights(p, stop, s.data(), acc.data(), top.data(), sum.data());
-        paged::values(p, vb, stop, s.data(), nk, next, acc.data());
+        paged::scores(p, qr, kb, stop, shared(prev, i) ? nullptr : vb, sc);
+        paged::weights(p, stop, sc, ak, tk, sk);
+        paged::values(p, vb, stop, sc, nk, next, ak);
       }
       prev = r;
+    };
+    auto reset = [&](int64_t k) {
+      std::fill(acc.begin() + k * hq * d, acc.begin() + (k + 1) * hq * d, 0.f);
+      std::fill(top.begin() + k * hq, top.begin() + (k + 1) * hq, -INFINITY);
+      std::fill(sum.begin() + k * hq, sum.begin() + (k + 1) * hq, 0.f);
+    };
+    auto finish = [&](int64_t r, int64_t k) {
       for (int64_t h = 0; h < hq; ++h) {
-        const float inv = 1.f / sum[h];
-        const float* ah = acc.data() + h * d;
+        const float inv = 1.f / sum[k * hq + h];
+        const float* ah = acc.data() + (k * hq + h) * d;
         float* oh = op + (r * hq + h) * d;
         for (int64_t x = 0; x < d; ++x) oh[x] = ah[x] * inv;
       }
+    };
+    for (int64_t r = bounds[first]; r < end; ++r) {
+      const int64_t n = len[r];
+      if (n == 0) continue;
+      reset(0);
+      int64_t common = 0;
+      const int64_t r2 = r + 1;
+#if defined(__AVX512F__)
+      if (pairs && r2 < end) {
+        const int64_t full = std::min(n, len[r2]) / bs;
+        while (common < full && tp[r2 * width + common] == tp[r * width + common]) ++common;
+      }
+      if (common > 0) {
+        reset(1);
+        const float* q1 = qp + r * hq * d;
+        const float* q2 = qp + r2 * hq * d;
+        float* s1 = s.data();
+        float* s2 = s.data() + hq * stride;
+        for (int64_t i = 0; i < common; ++i) {
+          const int32_t blk = tp[r * width + i];
+          paged::scores2(p, q1, q2, kp + blk * kb0, bs, s1, s2);
+          paged::weights(p, bs, s1, acc.data(), top.data(), sum.data());
+          paged::weights(p, bs, s2, acc.data() + hq * d, top.data() + hq, sum.data() + hq);
+          paged::values2(p, vp + blk * vb0, bs, s1, s2, acc.data(), acc.data() + hq * d);
+        }
+        run(r, common, 0);
+        finish(r, 0);
+        run(r2, common, 1);
+        finish(r2, 1);
+        ++r;
+        continue;
+      }
+#endif
+      run(r, 0, 0);
+      finish(r, 0);
     }
   });
   return out;
