@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from batchwright.engine import backends
+from batchwright.engine import backends, native
 from batchwright.engine.blocks import SCRATCH, BlockAllocator, OutOfBlocks
 from batchwright.engine.demo import build_demo_model
 from batchwright.engine.native import paged_attention_kernel
@@ -18,6 +18,12 @@ from batchwright.engine.scheduler import Scheduler
 from batchwright.engine.slots import bucket
 from batchwright.engine.types import GenRequest
 from tests.engine.conftest import Direct
+
+# The native builds this CPU runs (torch's capability names the best of them).
+_RUNNABLE = {
+    "avx512": {"avx512", "avx2"},
+    "avx2": {"avx2"},
+}.get(torch.backends.cpu.get_cpu_capability().lower(), set())
 
 
 def test_blocks_are_reference_counted() -> None:
@@ -85,15 +91,19 @@ def test_paged_backends_match_sdpa_per_row() -> None:
         (7, 3, 1, 36, 4.0),
     ],
 )
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
 def test_native_paged_kernel_shapes(
-    bs: int, q_heads: int, kv_heads: int, dim: int, spread: float
+    bs: int, q_heads: int, kv_heads: int, dim: int, spread: float, isa: str
 ) -> None:
     # The native kernel's vector and plain paths against SDPA on each row's own tokens:
     # lengths at and around block and 8-token boundaries, dead rows, and rows sharing
-    # their first blocks (a shared prompt prefix, read by consecutive rows).
-    kernel = paged_attention_kernel()
-    if kernel is None:
+    # their first blocks (a shared prompt prefix, read by consecutive rows). Every build
+    # this CPU runs: the engine takes the best, other machines the others.
+    if paged_attention_kernel() is None:
         pytest.skip("no C++ toolchain to build the native kernel on this machine")
+    if isa not in _RUNNABLE:
+        pytest.skip(f"this CPU does not run {isa}")
+    kernel = native.kernel_for(isa)
     gen = torch.Generator().manual_seed(11)
     lens = [1, 7, 8, 9, bs, bs + 1, 0, 3 * bs + 5, 3 * bs + 2, 2 * bs, 0, 4 * bs - 1, 31]
     kpool, vpool, table = _pages(lens, bs, kv_heads, dim, gen)

@@ -33,17 +33,22 @@ PagedKernel = Callable[
 ]
 
 
-def _flags() -> tuple[str, list[str]]:
-    """Build name suffix and compiler flags for this CPU. The loops are partly bound by
-    arithmetic, so AVX2 with FMA is worth about 25 % where torch itself uses it; the name
-    keeps builds for different instruction sets apart in a shared cache."""
-    capability = torch.backends.cpu.get_cpu_capability().lower()
-    flags = ["-O3", "-fopenmp"]
-    if capability == "avx512":
-        return "avx512", [*flags, "-mavx2", "-mfma", "-mavx512f"]
-    if capability == "avx2":
-        return "avx2", [*flags, "-mavx2", "-mfma"]
-    return "base", flags
+# Builds by instruction set, best first; each is also a subset of the ones before it.
+_BUILDS = {
+    "avx512": ["-mavx2", "-mfma", "-mavx512f"],
+    "avx2": ["-mavx2", "-mfma"],
+    "base": [],
+}
+
+
+def _flags(isa: str | None = None) -> tuple[str, list[str]]:
+    """Build name suffix and compiler flags: the best this CPU and torch use, or `isa`.
+    The loops are partly bound by arithmetic, so AVX2 with FMA is worth about 25 % where
+    torch itself uses it; the name keeps builds for different instruction sets apart."""
+    if isa is None:
+        capability = torch.backends.cpu.get_cpu_capability().lower()
+        isa = capability if capability in _BUILDS else "base"
+    return isa, ["-O3", "-fopenmp", *_BUILDS[isa]]
 
 
 @lru_cache(maxsize=1)
@@ -64,10 +69,17 @@ def paged_attention_kernel() -> PagedKernel | None:
     return kernel
 
 
-def _load() -> ModuleType:
+def kernel_for(isa: str) -> PagedKernel:
+    """The kernel built for instruction set `isa` ("avx512", "avx2", "base"), whatever the
+    engine would pick here: tests run every build this CPU can execute."""
+    kernel: PagedKernel = _load(isa).paged_decode_attention
+    return kernel
+
+
+def _load(isa: str | None = None) -> ModuleType:
     from torch.utils import cpp_extension
 
-    suffix, flags = _flags()
+    suffix, flags = _flags(isa)
     digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:10]
     # The source's hash is in the name, so a built library of that name is this source.
     name = f"batchwright_decode_attention_{suffix}_{digest}"
