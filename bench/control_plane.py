@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,11 @@ class InstantEngine:
 
     max_rows = 64
 
-    def run(self, requests: Iterable[Any]) -> Iterator[Any]:
+    def run(
+        self, requests: Iterable[Any], cancelled: Callable[[], Any] | None = None
+    ) -> Iterator[Any]:
+        # `cancelled` is the engine's cancel hook (pipeline.generate passes the lease's);
+        # an engine that answers at once has nothing in flight to drop.
         from batchwright.engine.types import GenResult
 
         for req in requests:
