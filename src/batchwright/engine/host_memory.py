@@ -1,4 +1,4 @@
-"""glibc malloc settings for CPU inference.
+"""Process-level memory settings for inference: glibc malloc, and the cyclic collector.
 
 A CPU step allocates and frees many tensors of a few hundred kilobytes (activations,
 logits). glibc serves blocks above its mmap threshold (128 KiB at start) with a fresh
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import os
 
 _M_TRIM_THRESHOLD = -1
@@ -44,3 +45,16 @@ def tune_malloc() -> bool:
     ok = bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)) and ok
     _done = ok
     return ok
+
+
+def freeze_heap() -> None:
+    """Take what is alive now (imported modules, the model's Python objects, the
+    tokenizer) out of the cyclic collector's view, after one last collection.
+
+    A loaded model leaves about 400,000 objects tracked, and every full collection walks
+    them all: on the demo model one took 0.12-0.16 s, once per 2,000-line run, about 10 %
+    of the run. Objects allocated later are collected as before, and anything freed by
+    its reference count is still freed; only cycles among what exists now are never
+    looked at again."""
+    gc.collect()
+    gc.freeze()

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from batchwright.engine.attention import Step, planned
+from batchwright.engine.host_memory import freeze_heap
 from batchwright.engine.jobs import Job, PromptScores, prepare
 from batchwright.engine.loader import LoadedModel, load_model
 from batchwright.engine.paged import PagedCache, block_size_for, pool_blocks
@@ -37,7 +38,11 @@ class Engine:
 
     @classmethod
     def load(cls, spec: ModelSpec) -> Engine:
-        return cls(load_model(spec), spec)
+        engine = cls(load_model(spec), spec)
+        # What loading left alive lives as long as the process: out of the collector's
+        # full passes, which walked it all (host_memory.py).
+        freeze_heap()
+        return engine
 
     # --- text ----------------------------------------------------------------------------
 
