@@ -107,8 +107,9 @@ def test_native_paged_kernel_shapes(
     gen = torch.Generator().manual_seed(11)
     lens = [1, 7, 8, 9, bs, bs + 1, 0, 3 * bs + 5, 3 * bs + 2, 2 * bs, 0, 4 * bs - 1, 31]
     kpool, vpool, table = _pages(lens, bs, kv_heads, dim, gen)
-    table[8, :3] = table[7, :3]  # rows 7, 8 and 9 share their first blocks
+    table[8, :3] = table[7, :3]  # rows 7, 8 and 9 share their first blocks (a tile of 3)
     table[9, :2] = table[7, :2]
+    table[5, :1] = table[4, :1]  # rows 4 and 5 their first (a pair: row 6 is dead)
     q = torch.randn(len(lens), q_heads, dim, generator=gen) * spread
     want = _sdpa_per_row(q, kpool, vpool, table, lens, dim**-0.5)
     got = kernel(q, kpool, vpool, table, torch.tensor(lens), dim**-0.5)

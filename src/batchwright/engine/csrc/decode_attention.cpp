@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -346,73 +347,79 @@ inline void values(const Step& p, const float* vb, int64_t stop, const float* s,
 }
 
 #if defined(__AVX512F__)
-// scores() for two rows on the same block (a shared prompt prefix): each key is loaded
-// once for both queries. Full blocks only (stop == block size, a multiple of 8).
-inline void scores2(const Step& p, const float* q1, const float* q2, const float* kb,
-                    int64_t stop, float* s1, float* s2) {
+// Rows read together when they start on the same full blocks: 3 rows' scores of 8 tokens
+// are 24 accumulators, within AVX-512's 32 registers with the queries and a key.
+constexpr int kTile = 3;
+
+// scores() for R rows on the same block (a shared prompt prefix): each key is loaded once
+// for all R queries. Full blocks only (stop == block size, a multiple of 8).
+template <int R>
+inline void scores_tile(const Step& p, const float* const* q, const float* kb, int64_t stop,
+                        float* const* s) {
   const __m256 sc = _mm256_set1_ps(p.scale);
   for (int64_t j0 = 0; j0 < stop; j0 += kChunk) {
     const float* kj = kb + j0 * p.kt;
     for (int64_t h = 0; h < p.hq; ++h) {
       const int64_t off = (h / p.group) * p.d;
-      const float* qa = q1 + h * p.d;
-      const float* qb = q2 + h * p.d;
-      __m512 a[kChunk], b[kChunk];
-      for (int t = 0; t < kChunk; ++t) a[t] = b[t] = _mm512_setzero_ps();
+      __m512 a[R][kChunk];
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < kChunk; ++t) a[r][t] = _mm512_setzero_ps();
       for (int64_t x = off; x < off + p.d; x += 16) {
-        const __m512 va = _mm512_loadu_ps(qa + x - off), vb = _mm512_loadu_ps(qb + x - off);
+        __m512 qv[R];
+        for (int r = 0; r < R; ++r) qv[r] = _mm512_loadu_ps(q[r] + h * p.d + x - off);
         for (int t = 0; t < kChunk; ++t) {
           const __m512 k = _mm512_loadu_ps(kj + t * p.kt + x);
-          a[t] = _mm512_fmadd_ps(va, k, a[t]);
-          b[t] = _mm512_fmadd_ps(vb, k, b[t]);
+          for (int r = 0; r < R; ++r) a[r][t] = _mm512_fmadd_ps(qv[r], k, a[r][t]);
         }
       }
-      _mm256_storeu_ps(s1 + h * p.stride + j0,
-                       _mm256_mul_ps(sc, hsum8(fold(a[0]), fold(a[1]), fold(a[2]), fold(a[3]),
-                                               fold(a[4]), fold(a[5]), fold(a[6]), fold(a[7]))));
-      _mm256_storeu_ps(s2 + h * p.stride + j0,
-                       _mm256_mul_ps(sc, hsum8(fold(b[0]), fold(b[1]), fold(b[2]), fold(b[3]),
-                                               fold(b[4]), fold(b[5]), fold(b[6]), fold(b[7]))));
+      for (int r = 0; r < R; ++r) {
+        const __m256 sums = hsum8(fold(a[r][0]), fold(a[r][1]), fold(a[r][2]), fold(a[r][3]),
+                                  fold(a[r][4]), fold(a[r][5]), fold(a[r][6]), fold(a[r][7]));
+        _mm256_storeu_ps(s[r] + h * p.stride + j0, _mm256_mul_ps(sc, sums));
+      }
     }
   }
 }
 
-// values() for two rows on the same block: each value loaded once for both. NV
-// registers per head and row (a compile-time count, so the accumulators stay in
-// registers: with a runtime count they lived on the stack, a store and a load per token).
-template <int NV>
-inline void values2_head(const float* w1, const float* w2, const float* vh, int64_t vt,
-                         int64_t stop, float* a1, float* a2) {
-  __m512 a[NV], b[NV];
-  for (int i = 0; i < NV; ++i) a[i] = _mm512_loadu_ps(a1 + 16 * i);
-  for (int i = 0; i < NV; ++i) b[i] = _mm512_loadu_ps(a2 + 16 * i);
+// values() for R rows on the same block: each value loaded once for all R. NV registers
+// per head and row (a compile-time count, so the accumulators stay in registers: with a
+// runtime count they lived on the stack, a store and a load per token).
+template <int R, int NV>
+inline void values_head(const float* const* w, const float* vh, int64_t vt, int64_t stop,
+                        float* const* acc) {
+  __m512 a[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < NV; ++i) a[r][i] = _mm512_loadu_ps(acc[r] + 16 * i);
   for (int64_t j = 0; j < stop; ++j) {
-    const __m512 wa = _mm512_set1_ps(w1[j]), wb = _mm512_set1_ps(w2[j]);
+    __m512 wj[R];
+    for (int r = 0; r < R; ++r) wj[r] = _mm512_set1_ps(w[r][j]);
     const float* vj = vh + j * vt;
     for (int i = 0; i < NV; ++i) {
       const __m512 v = _mm512_loadu_ps(vj + 16 * i);
-      a[i] = _mm512_fmadd_ps(wa, v, a[i]);
-      b[i] = _mm512_fmadd_ps(wb, v, b[i]);
+      for (int r = 0; r < R; ++r) a[r][i] = _mm512_fmadd_ps(wj[r], v, a[r][i]);
     }
   }
-  for (int i = 0; i < NV; ++i) _mm512_storeu_ps(a1 + 16 * i, a[i]);
-  for (int i = 0; i < NV; ++i) _mm512_storeu_ps(a2 + 16 * i, b[i]);
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < NV; ++i) _mm512_storeu_ps(acc[r] + 16 * i, a[r][i]);
 }
 
 // Heads of 16 to 64 dims (a multiple of 16).
-inline void values2(const Step& p, const float* vb, int64_t stop, const float* s1,
-                    const float* s2, float* acc1, float* acc2) {
+template <int R>
+inline void values_tile(const Step& p, const float* vb, int64_t stop, float* const* s,
+                        float* const* acc) {
   for (int64_t h = 0; h < p.hq; ++h) {
-    const float* w1 = s1 + h * p.stride;
-    const float* w2 = s2 + h * p.stride;
+    const float* w[R];
+    float* a[R];
+    for (int r = 0; r < R; ++r) {
+      w[r] = s[r] + h * p.stride;
+      a[r] = acc[r] + h * p.d;
+    }
     const float* vh = vb + (h / p.group) * p.d;
-    float* a1 = acc1 + h * p.d;
-    float* a2 = acc2 + h * p.d;
     switch (p.d / 16) {
-      case 4: values2_head<4>(w1, w2, vh, p.vt, stop, a1, a2); break;
-      case 3: values2_head<3>(w1, w2, vh, p.vt, stop, a1, a2); break;
-      case 2: values2_head<2>(w1, w2, vh, p.vt, stop, a1, a2); break;
-      default: values2_head<1>(w1, w2, vh, p.vt, stop, a1, a2); break;
+      case 4: values_head<R, 4>(w, vh, p.vt, stop, a); break;
+      case 3: values_head<R, 3>(w, vh, p.vt, stop, a); break;
+      case 2: values_head<R, 2>(w, vh, p.vt, stop, a); break;
+      default: values_head<R, 1>(w, vh, p.vt, stop, a); break;
     }
   }
 }
@@ -471,15 +478,18 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Te
     seen += len[r];
     while (part < parts && seen * parts >= total * part) bounds[part++] = r + 1;
   }
-  // Two consecutive rows starting on the same full blocks (a shared prompt prefix) read
-  // those blocks together, each key and value loaded once for both queries (AVX-512,
-  // heads of 16 to 64 dims): there the kernel is bound by instructions, not memory.
-  const bool pairs = p.wide && d <= 64 && bs % paged::kChunk == 0;
+  // Up to three consecutive rows starting on the same full blocks (a shared prompt
+  // prefix) read those blocks together, each key and value loaded once for all of them
+  // (AVX-512, heads of 16 to 64 dims): there the kernel is bound by instructions, not
+  // memory.
+  const bool tiles = p.wide && d <= 64 && bs % paged::kChunk == 0;
+  constexpr int64_t kStates = 3;
   at::parallel_for(0, parts, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> acc(2 * hq * d), top(2 * hq), sum(2 * hq), s(2 * hq * stride);
+    std::vector<float> acc(kStates * hq * d), top(kStates * hq), sum(kStates * hq),
+        s(kStates * hq * stride);
     const int64_t end = bounds[last];
     int64_t prev = -1;  // the last row this thread read
-    // Blocks from the i0-th of row r, into state k (0 or 1) of the buffers above.
+    // Blocks from the i0-th of row r, into state k of the buffers above.
     auto run = [&](int64_t r, int64_t i0, int64_t k) {
       const int64_t n = len[r];
       // The next row this thread reads: its first keys are prefetched during our last block.
@@ -530,38 +540,56 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Te
         for (int64_t x = 0; x < d; ++x) oh[x] = ah[x] * inv;
       }
     };
-    for (int64_t r = bounds[first]; r < end; ++r) {
-      const int64_t n = len[r];
-      if (n == 0) continue;
-      reset(0);
-      int64_t common = 0;
-      const int64_t r2 = r + 1;
+    // Full blocks at the start of rows r and o that are the same blocks.
+    auto common = [&](int64_t r, int64_t o) {
+      const int64_t full = std::min(len[r], len[o]) / bs;
+      int64_t c = 0;
+      while (c < full && tp[o * width + c] == tp[r * width + c]) ++c;
+      return c;
+    };
 #if defined(__AVX512F__)
-      if (pairs && r2 < end) {
-        const int64_t full = std::min(n, len[r2]) / bs;
-        while (common < full && tp[r2 * width + common] == tp[r * width + common]) ++common;
+    // Rows r .. r+R-1 over their first `shared` blocks together, then each on its own.
+    auto tile = [&](auto rows, int64_t r, int64_t shared) {
+      constexpr int R = decltype(rows)::value;
+      const float* q[R];
+      float* sc[R];
+      float* ac[R];
+      for (int k = 0; k < R; ++k) {
+        reset(k);
+        q[k] = qp + (r + k) * hq * d;
+        sc[k] = s.data() + k * hq * stride;
+        ac[k] = acc.data() + k * hq * d;
       }
-      if (common > 0) {
-        reset(1);
-        const float* q1 = qp + r * hq * d;
-        const float* q2 = qp + r2 * hq * d;
-        float* s1 = s.data();
-        float* s2 = s.data() + hq * stride;
-        for (int64_t i = 0; i < common; ++i) {
-          const int32_t blk = tp[r * width + i];
-          paged::scores2(p, q1, q2, kp + blk * kb0, bs, s1, s2);
-          paged::weights(p, bs, s1, acc.data(), top.data(), sum.data());
-          paged::weights(p, bs, s2, acc.data() + hq * d, top.data() + hq, sum.data() + hq);
-          paged::values2(p, vp + blk * vb0, bs, s1, s2, acc.data(), acc.data() + hq * d);
-        }
-        run(r, common, 0);
-        finish(r, 0);
-        run(r2, common, 1);
-        finish(r2, 1);
-        ++r;
+      for (int64_t i = 0; i < shared; ++i) {
+        const int32_t blk = tp[r * width + i];
+        paged::scores_tile<R>(p, q, kp + blk * kb0, bs, sc);
+        for (int k = 0; k < R; ++k)
+          paged::weights(p, bs, sc[k], ac[k], top.data() + k * hq, sum.data() + k * hq);
+        paged::values_tile<R>(p, vp + blk * vb0, bs, sc, ac);
+      }
+      for (int k = 0; k < R; ++k) {
+        run(r + k, shared, k);
+        finish(r + k, k);
+      }
+    };
+#endif
+    for (int64_t r = bounds[first]; r < end; ++r) {
+      if (len[r] == 0) continue;
+#if defined(__AVX512F__)
+      const int64_t two = tiles && r + 1 < end ? common(r, r + 1) : 0;
+      const int64_t three = two > 0 && r + 2 < end ? std::min(two, common(r, r + 2)) : 0;
+      if (three > 0) {
+        tile(std::integral_constant<int, paged::kTile>{}, r, three);
+        r += paged::kTile - 1;
+        continue;
+      }
+      if (two > 0) {
+        tile(std::integral_constant<int, 2>{}, r, two);
+        r += 1;
         continue;
       }
 #endif
+      reset(0);
       run(r, 0, 0);
       finish(r, 0);
     }
