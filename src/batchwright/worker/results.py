@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
 
 import orjson
 from sqlalchemy import (
@@ -20,8 +19,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.selectable import TableValuedAlias
-from sqlalchemy.types import TypeEngine
 
 from batchwright.db.base import now
 from batchwright.db.models import Batch, BatchRequest, Completion
@@ -102,7 +99,7 @@ def write_results(session: Session, token: str, results: list[GenResult]) -> int
     if updates:
         _finish_rows(session, updates)
     if completions:
-        _insert_completions(session, completions)
+        session.execute(insert(Completion), completions)
     for batch_id, (done, failed, tin, tout) in deltas.items():
         session.execute(
             update(Batch)
@@ -140,7 +137,8 @@ def _finish_rows(session: Session, updates: list[dict[str, object]]) -> None:
     if session.get_bind().dialect.name != "postgresql":
         session.execute(update(BatchRequest), updates)  # ORM bulk UPDATE by primary key
         return
-    rows = _from_arrays(updates, _FINISHED)
+    arrays = [cast(literal([u[c] for u in updates], ARRAY(t)), ARRAY(t)) for c, t in _FINISHED]
+    rows = func.unnest(*arrays).table_valued(*(c for c, _ in _FINISHED)).render_derived()
     values = {c: rows.c[c] for c, _ in _FINISHED[1:]}
     session.execute(
         update(BatchRequest)
@@ -148,43 +146,6 @@ def _finish_rows(session: Session, updates: list[dict[str, object]]) -> None:
         .values(lease_token=None, lease_expires_at=None, **values)
         .execution_options(synchronize_session=False)
     )
-
-
-# Completion columns with their array types, for the same unnest on insert.
-_COMPLETION = (
-    ("id", String),
-    ("request_row_id", BigInteger),
-    ("batch_id", String),
-    ("model", String),
-    ("body", Text),
-    ("prompt_tokens", Integer),
-    ("completion_tokens", Integer),
-    ("total_tokens", Integer),
-    ("created_at", BigInteger),
-)
-
-
-def _insert_completions(session: Session, completions: list[dict[str, object]]) -> None:
-    """Insert the flush's completions: on Postgres one INSERT from arrays (executemany sent
-    a statement per line, as the update did); SQLite keeps the ORM's bulk insert."""
-    if session.get_bind().dialect.name != "postgresql":
-        session.execute(insert(Completion), completions)
-        return
-    rows = _from_arrays(completions, _COMPLETION)
-    session.execute(
-        insert(Completion).from_select(
-            [k for k, _ in _COMPLETION], select(*(rows.c[k] for k, _ in _COMPLETION))
-        )
-    )
-
-
-def _from_arrays(
-    records: list[dict[str, object]], columns: tuple[tuple[str, type[TypeEngine[Any]]], ...]
-) -> TableValuedAlias:
-    """`records` as a derived table, one Postgres array per column joined by unnest: one
-    statement and a few parameters whatever the number of records."""
-    arrays = [cast(literal([r[c] for r in records], ARRAY(t)), ARRAY(t)) for c, t in columns]
-    return func.unnest(*arrays).table_valued(*(c for c, _ in columns)).render_derived()
 
 
 def remaining(session: Session, batch_id: str) -> int:
