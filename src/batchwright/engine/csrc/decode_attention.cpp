@@ -36,6 +36,22 @@ namespace paged {
 // tokens of every head (8 KB at 4 kv heads of dim 64) stay in L1 between the heads.
 constexpr int64_t kChunk = 8;
 
+// f(std::integral_constant<int, n>{}) for n registers (1 to 8): the accumulator loops take
+// their register count as a template argument, so the accumulators stay in registers.
+template <typename F>
+inline void with_registers(int64_t n, F&& f) {
+  switch (n) {
+    case 8: f(std::integral_constant<int, 8>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    default: f(std::integral_constant<int, 1>{}); break;
+  }
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
 constexpr bool kVector = true;
 
@@ -305,16 +321,9 @@ inline void values(const Step& p, const float* vb, int64_t stop, const float* s,
       if (p.wide) {
         // 128 floats (8 registers) at a time; the rest of the head in one smaller step.
         for (int64_t x = 0; x < p.d; x += 128) {
-          switch (std::min<int64_t>(8, (p.d - x) / 16)) {
-            case 8: add_values16<8>(ah + x, w, vh + x, p.vt, count); break;
-            case 7: add_values16<7>(ah + x, w, vh + x, p.vt, count); break;
-            case 6: add_values16<6>(ah + x, w, vh + x, p.vt, count); break;
-            case 5: add_values16<5>(ah + x, w, vh + x, p.vt, count); break;
-            case 4: add_values16<4>(ah + x, w, vh + x, p.vt, count); break;
-            case 3: add_values16<3>(ah + x, w, vh + x, p.vt, count); break;
-            case 2: add_values16<2>(ah + x, w, vh + x, p.vt, count); break;
-            default: add_values16<1>(ah + x, w, vh + x, p.vt, count); break;
-          }
+          with_registers(std::min<int64_t>(8, (p.d - x) / 16), [&](auto nv) {
+            add_values16<decltype(nv)::value>(ah + x, w, vh + x, p.vt, count);
+          });
         }
         continue;
       }
@@ -322,16 +331,9 @@ inline void values(const Step& p, const float* vb, int64_t stop, const float* s,
       if (p.vector) {
         // 64 floats (8 registers) at a time; the rest of the head in one smaller step.
         for (int64_t x = 0; x < p.d; x += 64) {
-          switch (std::min<int64_t>(8, (p.d - x) / 8)) {
-            case 8: add_values<8>(ah + x, w, vh + x, p.vt, count); break;
-            case 7: add_values<7>(ah + x, w, vh + x, p.vt, count); break;
-            case 6: add_values<6>(ah + x, w, vh + x, p.vt, count); break;
-            case 5: add_values<5>(ah + x, w, vh + x, p.vt, count); break;
-            case 4: add_values<4>(ah + x, w, vh + x, p.vt, count); break;
-            case 3: add_values<3>(ah + x, w, vh + x, p.vt, count); break;
-            case 2: add_values<2>(ah + x, w, vh + x, p.vt, count); break;
-            default: add_values<1>(ah + x, w, vh + x, p.vt, count); break;
-          }
+          with_registers(std::min<int64_t>(8, (p.d - x) / 8), [&](auto nv) {
+            add_values<decltype(nv)::value>(ah + x, w, vh + x, p.vt, count);
+          });
         }
         continue;
       }
@@ -415,12 +417,9 @@ inline void values_tile(const Step& p, const float* vb, int64_t stop, float* con
       a[r] = acc[r] + h * p.d;
     }
     const float* vh = vb + (h / p.group) * p.d;
-    switch (p.d / 16) {
-      case 4: values_head<R, 4>(w, vh, p.vt, stop, a); break;
-      case 3: values_head<R, 3>(w, vh, p.vt, stop, a); break;
-      case 2: values_head<R, 2>(w, vh, p.vt, stop, a); break;
-      default: values_head<R, 1>(w, vh, p.vt, stop, a); break;
-    }
+    with_registers(p.d / 16, [&](auto nv) {
+      values_head<R, decltype(nv)::value>(w, vh, p.vt, stop, a);
+    });
   }
 }
 #endif
