@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, or_
+from sqlalchemy import ColumnElement, and_, bindparam, or_
 
 from batchwright.config import Settings
 from batchwright.db.models import BatchRequest
@@ -56,24 +56,32 @@ def is_infrastructure(exc: BaseException | None) -> bool:
     return False
 
 
-def batched(settings: Settings) -> ColumnElement[bool]:
-    """Lines that may share a run."""
-    return and_(
-        BatchRequest.attempts < min(SOLO_AFTER, settings.max_attempts),
-        BatchRequest.infra_failures < min(INFRA_SOLO_AFTER, settings.max_infra_failures),
-    )
+# The claim filters, their limits bound per claim (`limits`): claims.py and fairshare.py
+# build their statements once, at import, around these.
+BATCHED: ColumnElement[bool] = and_(
+    # Lines that may share a run.
+    BatchRequest.attempts < bindparam("attempt_cap"),
+    BatchRequest.infra_failures < bindparam("infra_cap"),
+)
+SUSPECT: ColumnElement[bool] = and_(
+    # Lines that run alone: under both budgets, past one of the solo thresholds.
+    BatchRequest.attempts < bindparam("attempt_cap"),
+    BatchRequest.infra_failures < bindparam("infra_cap"),
+    or_(
+        BatchRequest.attempts >= SOLO_AFTER,
+        BatchRequest.infra_failures >= INFRA_SOLO_AFTER,
+    ),
+)
 
 
-def suspect(settings: Settings) -> ColumnElement[bool]:
-    """Lines that run alone: under both budgets, past one of the solo thresholds."""
-    return and_(
-        BatchRequest.attempts < settings.max_attempts,
-        BatchRequest.infra_failures < settings.max_infra_failures,
-        or_(
-            BatchRequest.attempts >= SOLO_AFTER,
-            BatchRequest.infra_failures >= INFRA_SOLO_AFTER,
-        ),
-    )
+def limits(settings: Settings, *, suspects: bool) -> dict[str, int]:
+    """The parameters of BATCHED (or SUSPECT, with `suspects`)."""
+    if suspects:
+        return {"attempt_cap": settings.max_attempts, "infra_cap": settings.max_infra_failures}
+    return {
+        "attempt_cap": min(SOLO_AFTER, settings.max_attempts),
+        "infra_cap": min(INFRA_SOLO_AFTER, settings.max_infra_failures),
+    }
 
 
 def exhausted(settings: Settings) -> ColumnElement[bool]:

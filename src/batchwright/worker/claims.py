@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import orjson
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 
 from batchwright.config import Settings
 from batchwright.db.models import Batch, BatchRequest
@@ -32,6 +32,27 @@ class Claimed(NamedTuple):
     body: str
 
 
+# The columns the engine needs come back with the update (no ORM objects: building them
+# cost more of the worker's CPU than the claim's SQL). Built once, as are fairshare.py's.
+_CLAIM = (
+    update(BatchRequest)
+    .where(BatchRequest.id.in_(bindparam("ids", expanding=True)))
+    .values(
+        state="running",
+        lease_token=bindparam("token"),
+        lease_expires_at=bindparam("expires"),
+        attempts=BatchRequest.attempts + 1,
+    )
+    .returning(
+        BatchRequest.id,
+        BatchRequest.batch_id,
+        BatchRequest.prefix_key,
+        BatchRequest.line_no,
+        BatchRequest.body,
+    )
+)
+
+
 class Lease:
     """One worker run's claim on rows of one model's in-progress batches."""
 
@@ -49,32 +70,16 @@ class Lease:
         self.cancelled = self.cancels.drain  # the engine's cancel hook
 
     def claim(self, limit: int, *, suspects: bool = False) -> list[Claimed]:
-        now = time.time()
-        tries = budget.suspect(self.settings) if suspects else budget.batched(self.settings)
         with session_scope() as session:
-            ids = fairshare.pick(session, self.model, limit, [tries])
+            ids = fairshare.pick(session, self.model, limit, suspects=suspects)
             if not ids:
                 return []
-            # The columns the engine needs come back with the update (no ORM objects:
-            # building them cost more of the worker's CPU than the claim's SQL).
-            returned = session.execute(
-                update(BatchRequest)
-                .where(BatchRequest.id.in_(ids))
-                .values(
-                    state="running",
-                    lease_token=self.token,
-                    lease_expires_at=now + self.settings.lease_seconds,
-                    attempts=BatchRequest.attempts + 1,
-                )
-                .returning(
-                    BatchRequest.id,
-                    BatchRequest.batch_id,
-                    BatchRequest.prefix_key,
-                    BatchRequest.line_no,
-                    BatchRequest.body,
-                )
-                .execution_options(synchronize_session=False)
-            ).all()
+            expires = time.time() + self.settings.lease_seconds
+            returned = (
+                session.connection()
+                .execute(_CLAIM, {"ids": ids, "token": self.token, "expires": expires})
+                .all()
+            )
         # A batch's lines grouped by prefix (issue 14), in file order within a prefix.
         claimed = sorted(
             returned, key=lambda r: (r.batch_id, r.prefix_key is None, r.prefix_key, r.line_no)

@@ -18,11 +18,12 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, func, or_, select
+from sqlalchemy import ColumnElement, Connection, Select, bindparam, func, or_, select
 from sqlalchemy.orm import Session
 
 from batchwright.config import get_settings
 from batchwright.db.models import Batch, BatchRequest, Project
+from batchwright.worker import budget
 
 # Rounds of re-allocation when a batch had fewer claimable lines than its share.
 _ROUNDS = 3
@@ -63,56 +64,84 @@ def allocate(flows: Sequence[Flow], slots: int, project_held: dict[str, int]) ->
     return dict(give)
 
 
-def active_flows(
-    session: Session, model: str, queued: Sequence[ColumnElement[bool]], now: float
-) -> list[Flow]:
-    default = get_settings().default_project_weight
-    has_queued = select(BatchRequest.id).where(BatchRequest.batch_id == Batch.id, *queued)
-    rows = session.execute(
+def _flows_statement(filters: ColumnElement[bool]) -> Select[str, str, float | None, int]:
+    has_queued = select(BatchRequest.id).where(
+        BatchRequest.batch_id == Batch.id, BatchRequest.state == "queued", filters
+    )
+    return (
         select(Batch.id, Batch.project_id, Project.weight, Batch.created_at)
         .join(Project, Project.id == Batch.project_id)
         .where(
             Batch.status == "in_progress",
-            Batch.model == model,
+            Batch.model == bindparam("model"),
             # Past its window a batch gets no new work: its finalize expires what is left.
-            or_(Batch.expires_at.is_(None), Batch.expires_at > now),
+            or_(Batch.expires_at.is_(None), Batch.expires_at > bindparam("now")),
             has_queued.exists(),
         )
-    ).all()
+    )
+
+
+def _take_statement(filters: ColumnElement[bool]) -> Select[int]:
+    return (
+        select(BatchRequest.id)
+        .where(
+            BatchRequest.batch_id == bindparam("batch_id"),
+            BatchRequest.state == "queued",
+            filters,
+        )
+        # Lines that start alike together (issue 14): a worker prefills a shared prefix
+        # once for the lines it claims.
+        .order_by(BatchRequest.prefix_key, BatchRequest.line_no)
+        .limit(bindparam("n"))
+        .with_for_update(skip_locked=True, of=BatchRequest)
+    )
+
+
+# Built once (a claim's CPU is taken from its worker's generation loop), for lines that may
+# share a run and for suspects (budget.py), their limits bound per claim.
+_FLOWS = {False: _flows_statement(budget.BATCHED), True: _flows_statement(budget.SUSPECT)}
+_TAKE = {False: _take_statement(budget.BATCHED), True: _take_statement(budget.SUSPECT)}
+_HELD_IN_FLIGHT = (
+    select(BatchRequest.batch_id, Batch.project_id, func.count())
+    .join(Batch, Batch.id == BatchRequest.batch_id)
+    .where(BatchRequest.state == "running", Batch.model == bindparam("model"))
+    .group_by(BatchRequest.batch_id, Batch.project_id)
+)
+
+
+def active_flows(
+    conn: Connection, model: str, suspects: bool, limits: dict[str, int], now: float
+) -> list[Flow]:
+    default = get_settings().default_project_weight
+    rows = conn.execute(_FLOWS[suspects], {"model": model, "now": now, **limits}).all()
     return [
         Flow(bid, pid, float(w if w is not None else default), created)
         for bid, pid, w, created in rows
     ]
 
 
-def held_in_flight(session: Session, model: str) -> tuple[dict[str, int], dict[str, int]]:
+def held_in_flight(conn: Connection, model: str) -> tuple[dict[str, int], dict[str, int]]:
     """Rows in flight for the model: per batch and per project."""
     per_batch: dict[str, int] = {}
     per_project: dict[str, int] = defaultdict(int)
-    for batch_id, project_id, count in session.execute(
-        select(BatchRequest.batch_id, Batch.project_id, func.count())
-        .join(Batch, Batch.id == BatchRequest.batch_id)
-        .where(BatchRequest.state == "running", Batch.model == model)
-        .group_by(BatchRequest.batch_id, Batch.project_id)
-    ):
+    for batch_id, project_id, count in conn.execute(_HELD_IN_FLIGHT, {"model": model}):
         per_batch[batch_id] = count
         per_project[project_id] += count
     return per_batch, per_project
 
 
-def pick(
-    session: Session, model: str, limit: int, conditions: Sequence[ColumnElement[bool]]
-) -> list[int]:
+def pick(session: Session, model: str, limit: int, *, suspects: bool = False) -> list[int]:
     """Ids of up to `limit` queued lines of `model`, locked (SKIP LOCKED), shared fairly.
 
-    `conditions`: extra filters on the lines (attempt counts)."""
-    queued = [BatchRequest.state == "queued", *conditions]
-    flows = active_flows(session, model, queued, time.time())
+    `suspects`: lines that must run alone instead of those that may share (budget.py)."""
+    conn = session.connection()
+    limits = budget.limits(get_settings(), suspects=suspects)
+    flows = active_flows(conn, model, suspects, limits, time.time())
     if not flows:
         return []
     project_held: dict[str, int] = {}
     if len(flows) > 1:
-        per_batch, project_held = held_in_flight(session, model)
+        per_batch, project_held = held_in_flight(conn, model)
         for flow in flows:
             flow.held = per_batch.get(flow.batch_id, 0)
     by_id = {f.batch_id: f for f in flows}
@@ -121,17 +150,8 @@ def pick(
         short = False
         shares = allocate(list(by_id.values()), limit - len(ids), project_held)
         for batch_id, n in sorted(shares.items()):
-            got = list(
-                session.scalars(
-                    select(BatchRequest.id)
-                    .where(BatchRequest.batch_id == batch_id, *queued)
-                    # Lines that start alike together (issue 14): a worker prefills a
-                    # shared prefix once for the lines it claims.
-                    .order_by(BatchRequest.prefix_key, BatchRequest.line_no)
-                    .limit(n)
-                    .with_for_update(skip_locked=True, of=BatchRequest)
-                )
-            )
+            params = {"batch_id": batch_id, "n": n, **limits}
+            got = list(conn.execute(_TAKE[suspects], params).scalars())
             ids += got
             flow = by_id[batch_id]
             flow.held += len(got)
