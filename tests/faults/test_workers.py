@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+
+import psycopg
 
 from tests.faults.checks import assert_batch_whole, attempts, infra_failures, wait_progress
 from tests.faults.conftest import Stack
 from tests.faults.kills import kill_holding
-from tests.helpers import TERMINAL, jsonl, line, submit
+from tests.helpers import jsonl, line, submit
 
 
 def _lines(prefix: str, n: int, max_tokens: int) -> list[dict[str, Any]]:
@@ -39,35 +43,44 @@ def test_worker_sigkill_mid_batch(fault: Stack) -> None:
     print(f"sigkill: completed {before} before the kill, {held} leased rows lost, lost {lost}")
 
 
+@contextmanager
+def results_held(fault: Stack) -> Iterator[None]:
+    """No result can land while this is open (a SHARE lock on completions blocks the
+    writers' COPY), so no line leaves `running` and no worker can finish a batch alone."""
+    with psycopg.connect(fault.pg_url, connect_timeout=5) as conn:
+        conn.execute("LOCK TABLE completions IN SHARE MODE")
+        yield
+        conn.rollback()
+
+
+def _running_leases(fault: Stack, batch_id: str) -> set[str]:
+    query = (
+        "SELECT DISTINCT lease_token FROM batch_requests WHERE batch_id = %s AND state = 'running'"
+    )
+    return {t for (t,) in fault.sql(query, batch_id)}
+
+
 def test_two_workers_race(fault: Stack) -> None:
     client = fault.client()
-    fault.workers(2)
+    # A short result queue bounds what one worker takes while its writes wait: the first
+    # holds at most its engine's window and queues (about 60 lines), so the second claims
+    # from the same 120 however fast the first generates. A blocked write also holds its
+    # lines' locks, which holds up lease renewal: the lease outlasts the wait below.
+    fault.workers(2, BATCHWRIGHT_RESULT_QUEUE_SIZE="4", BATCHWRIGHT_LEASE_SECONDS="120")
     requests = _lines("race", 120, 32)
-    batch = submit(client, jsonl(requests))
-    # Sample the live leases while it runs: two tokens at once means both workers held rows.
-    tokens: set[str] = set()
-    concurrent = 0
-    while client.batches.retrieve(batch.id).status not in TERMINAL:
-        live = {
-            t
-            for (t,) in fault.sql(
-                "SELECT DISTINCT lease_token FROM batch_requests "
-                "WHERE batch_id = %s AND state = 'running'",
-                batch.id,
-            )
-        }
-        tokens |= live
-        concurrent = max(concurrent, len(live))
-        time.sleep(0.05)
+    with results_held(fault):
+        batch = submit(client, jsonl(requests))
+        end = time.monotonic() + 90
+        live = _running_leases(fault, batch.id)
+        while len(live) < 2:
+            assert time.monotonic() < end, f"the workers never held leases at once ({live})"
+            time.sleep(0.05)
+            live = _running_leases(fault, batch.id)
     done = assert_batch_whole(fault, client, batch.id, [r["custom_id"] for r in requests])
     assert done.batch.status == "completed"
     assert len(done.out) == len(requests)
     assert attempts(fault, batch.id) == {1: len(requests)}  # no line claimed twice
-    assert concurrent >= 2, f"the workers never held leases at the same time ({tokens})"
-    print(
-        f"race: {len(done.out)} lines, {len(tokens)} leases seen, {concurrent} at once, "
-        f"{len(done.out)} completions rows"
-    )
+    print(f"race: {len(done.out)} lines, {len(live)} leases held at once")
 
 
 def test_worker_sigterm_stops_claiming_and_exits(fault: Stack) -> None:
