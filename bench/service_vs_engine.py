@@ -1,13 +1,16 @@
 """The worker's service path against the engine alone, on the same 2,000-line demo file.
 
     engine alone:  Engine.run over the 2,000 requests, nothing else
-    service path:  runner.process on the validated batch in Postgres (claims read ahead,
-                   results written off the loop by pipeline.py), until every line landed
-    synchronous:   the same with the claims and writes inline in the loop (how it was
-                   before: shown for comparison)
+    service path:  runner.process on the validated batch in Postgres, as a worker runs
+                   it: claims and result writes in the lease process
+                   (worker/lease_process.py), the engine's CPU threads set as the worker
+                   sets them (runner.set_cpu_threads), until every line landed
+    threads:       the same with claims and writes in threads of this process
+                   (lease_process=false; pipeline.py), for comparison
+    in the loop:   the same with claims and writes inline in the loop (how it was first)
 
 Validation and finalize are timed apart (they run on the control queue, not in the loop).
-The three run in interleaved rounds and each keeps its best round, so a burst of load on
+The four run in interleaved rounds and each keeps its best round, so a burst of load on
 a shared machine hits all of them alike; every round's figures are printed too.
 
     PYTHONPATH=src python bench/service_vs_engine.py [--lines 2000] [--rounds 2]
@@ -32,6 +35,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
 
+    import torch
+
     from batchwright.engine.runtime import Engine
     from batchwright.engine.types import GenRequest
     from batchwright.registry import ModelSpec, Registry
@@ -43,6 +48,7 @@ def main() -> None:
     spec = ModelSpec(name="demo", path=home / "models" / "demo")
     registry = Registry(models={"demo": spec})
     engine = Engine.load(spec)
+    threads = torch.get_num_threads()  # torch's default: the engine alone runs with it
     lines = demo_lines(args.lines, max_tokens=args.max_tokens)
     list(engine.run(GenRequest(key=i, body=x["body"]) for i, x in enumerate(lines[:64])))
 
@@ -55,10 +61,17 @@ def main() -> None:
         cpu["engine"] = min(cpu.get("engine", 1e9), time.process_time() - cpu0)
         return time.perf_counter() - start
 
-    def service(sync: bool) -> tuple[float, float, float]:
-        with temp_database(home=str(home), work_slice_seconds="3600"):
+    def service(mode: str) -> tuple[float, float, float]:
+        sync = mode == "sync"
+        lease_process = "true" if mode == "process" else "false"
+        with temp_database(home=str(home), work_slice_seconds="3600", lease_process=lease_process):
             from batchwright.db.session import session_scope
 
+            # A worker starts its lease process once (worker/lease_process.py): start it
+            # here, on an empty queue, not inside the timing; and sets the engine's CPU
+            # threads as the worker does (runner.set_cpu_threads).
+            runner.process("demo", registry, lambda _: engine)
+            runner.set_cpu_threads(engine, runner.get_settings())
             batch_id = submit("bench", lines)
             t0 = time.perf_counter()
             runner.validate_batch(batch_id, registry)
@@ -79,39 +92,46 @@ def main() -> None:
             else:
                 runner.process("demo", registry, lambda _: engine)
             t_process = time.perf_counter() - t0
-            name = "sync" if sync else "service"
-            cpu[name] = min(cpu.get(name, 1e9), time.process_time() - cpu0)
+            cpu[mode] = min(cpu.get(mode, 1e9), time.process_time() - cpu0)
+            cpu[mode + " threads"] = torch.get_num_threads()
+            torch.set_num_threads(threads)
             assert done_lines(batch_id) == len(lines), done_lines(batch_id)
             t0 = time.perf_counter()
             runner.finalize_batch(batch_id)
             return t_validate, t_process, time.perf_counter() - t0
 
-    engines, services, syncs = [], [], []
+    modes = ("process", "threads", "sync")
+    walls: dict[str, list[float]] = {m: [] for m in ("engine", *modes)}
     v = f = 0.0
     for r in range(args.rounds):
-        engines.append(alone())
-        v, t, f = service(sync=False)
-        services.append(t)
-        syncs.append(service(sync=True)[1])
+        walls["engine"].append(alone())
+        for mode in modes:
+            v2, t, f2 = service(mode)
+            walls[mode].append(t)
+            if mode == "process":
+                v, f = v2, f2
         print(
-            f"round {r + 1}: engine {engines[-1]:.2f} s, service {services[-1]:.2f} s, "
-            f"synchronous {syncs[-1]:.2f} s (wall)",
+            f"round {r + 1}: " + ", ".join(f"{m} {w[-1]:.2f} s" for m, w in walls.items()),
             flush=True,
         )
-    t_engine, t_service, t_sync = min(engines), min(services), min(syncs)
+    best = {m: min(w) for m, w in walls.items()}
     print(
         f"{args.lines} lines, max_tokens {args.max_tokens}, demo model, CPU, best of {args.rounds}"
     )
-    print(f"engine alone                 {t_engine:8.2f} s")
-    print(f"service path (pipeline)      {t_service:8.2f} s   {t_service / t_engine:5.2f}x engine")
-    print(f"synchronous claims + writes  {t_sync:8.2f} s   {t_sync / t_engine:5.2f}x engine")
+    labels = {
+        "engine": f"engine alone ({threads} CPU threads)",
+        "process": f"service path ({cpu['process threads']:.0f} CPU threads)",
+        "threads": "  claims + writes in threads",
+        "sync": "  claims + writes in the loop",
+    }
+    for mode, label in labels.items():
+        ratio = "" if mode == "engine" else f"   {best[mode] / best['engine']:5.2f}x engine"
+        print(f"{label:34s}{best[mode]:6.2f} s{ratio}")
     print(f"validation {v:.2f} s, finalize {f:.2f} s (control queue, outside the loop)")
-    # CPU time of this process (all its threads): what the path costs the worker host,
-    # much less sensitive than wall time to other load on a shared machine.
+    # CPU time of this process (all its threads, not the lease process's): what the path
+    # costs the generation loop's process, less sensitive than wall time to other load.
     print(
-        f"CPU seconds of the process: engine {cpu['engine']:.1f}, service {cpu['service']:.1f} "
-        f"({cpu['service'] / cpu['engine']:.2f}x), synchronous {cpu['sync']:.1f} "
-        f"({cpu['sync'] / cpu['engine']:.2f}x)"
+        "CPU seconds of this process: " + ", ".join(f"{m} {cpu[m]:.1f}" for m in ("engine", *modes))
     )
 
 

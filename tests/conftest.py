@@ -134,7 +134,11 @@ class Proc:
     def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
         self.log = log
         self._fh = log.open("wb")
-        self.popen = subprocess.Popen(args, env=env, stdout=self._fh, stderr=subprocess.STDOUT)
+        # A session of its own: a worker and its lease process (worker/lease_process.py) are
+        # one process group, frozen and killed together as a machine's death would.
+        self.popen = subprocess.Popen(
+            args, env=env, stdout=self._fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -148,6 +152,11 @@ class Proc:
                 raise RuntimeError(f"process exited early:\n{self.output()[-3000:]}")
             time.sleep(0.2)
         raise TimeoutError(f"{text!r} not seen in {self.log}:\n{self.output()[-3000:]}")
+
+    def signal_group(self, sig: int) -> None:
+        """`sig` to the process and what it started (SIGSTOP, SIGKILL: a host's failure)."""
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, sig)
 
     def stop(self, sig: int = 15, timeout: float = 30) -> int | None:
         if self.popen.poll() is None:

@@ -69,6 +69,12 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = 5.0
     # Results waiting for the writer thread, in results; the generation loop blocks past it.
     result_queue_size: int = 256
+    # On Postgres, claims and result writes run in a process beside the generation loop
+    # (worker/lease_process.py), not in threads that take the GIL from it.
+    lease_process: bool = True
+    # Intra-op threads of a model on the CPU; 0: one fewer than the cores with the lease
+    # process (it and a local Postgres need one), else torch's default.
+    torch_threads: int = 0
     # Port of a worker's Prometheus endpoint; 0: none.
     worker_metrics_port: int = 0
     # Default weight of a project in the fair share of a model (per project: `projects set`).

@@ -87,6 +87,7 @@ class Stack:
         )
 
     def kill(self, proc: Proc) -> None:
+        proc.signal_group(signal.SIGKILL)
         proc.stop(signal.SIGKILL)
 
     # --- database ------------------------------------------------------------------------

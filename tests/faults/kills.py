@@ -28,12 +28,12 @@ def kill_holding(
     while time.monotonic() < end:
         assert proc.popen.poll() is None, proc.output()[-2000:]
         if fault.sql(query, batch_id, list(dead)):
-            proc.popen.send_signal(signal.SIGSTOP)
+            proc.signal_group(signal.SIGSTOP)
             tokens = [t for (t,) in fault.sql(query, batch_id, list(dead))]
             if tokens:
                 fault.kill(proc)
                 dead.update(tokens)
                 return len(tokens)
-            proc.popen.send_signal(signal.SIGCONT)
+            proc.signal_group(signal.SIGCONT)
         time.sleep(0.02)
     raise TimeoutError(f"the worker never held rows of {batch_id}")

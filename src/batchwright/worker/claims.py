@@ -64,6 +64,7 @@ class Lease:
         self.token = "lease_" + secrets.token_hex(12)
         self.deadline = time.monotonic() + settings.work_slice_seconds
         self.more_work = False  # stopped by the slice or a shutdown with rows still queued
+        self.renewals = 0
         self._heartbeat_stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self.cancels = CancelWatch(self.token)
@@ -153,6 +154,7 @@ class Lease:
             try:
                 if time.monotonic() - renewed >= interval:
                     self._renew()
+                    self.renewals += 1
                     metrics.LEASE_RENEWALS.inc()
                     renewed = time.monotonic()
                 self.cancels.poll()

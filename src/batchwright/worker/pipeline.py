@@ -101,8 +101,10 @@ class ReadAhead:
             self._thread.start()
         while True:
             with self._lock:
-                while not self._items:
+                while not self._items and not self._stop:
                     self._not_empty.wait()
+                if not self._items:
+                    return  # closed from another thread (lease_child.py)
                 item = self._items.popleft()
                 if len(self._items) == self._low:
                     self._low_water.notify()
@@ -118,6 +120,7 @@ class ReadAhead:
         with self._lock:
             self._stop = True
             self._low_water.notify()
+            self._not_empty.notify()
         if self._started:
             self._thread.join(timeout=30)
 
@@ -134,6 +137,8 @@ class ResultWriter:
         self.retry_seconds = retry_seconds
         self.landed = 0
         self.received = 0
+        self.expired = 0  # results whose lines this lease no longer held
+        self.timings: list[float] = []  # seconds per write (the lease process reports them)
         self.error: BaseException | None = None
         self._size = max(1, size)
         self._every = max(1, min(FLUSH_EVERY, self._size // 2))
@@ -220,9 +225,11 @@ class ResultWriter:
                 log.warning("result write failed (%r); retrying in %.1fs", exc, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
-        metrics.RESULT_WRITE_SECONDS.observe(time.perf_counter() - start)
+        self.timings.append(time.perf_counter() - start)
+        metrics.RESULT_WRITE_SECONDS.observe(self.timings[-1])
         self.landed += landed
         if landed < len(buffer):
+            self.expired += len(buffer) - landed
             metrics.LEASE_EXPIRIES.inc(len(buffer) - landed)
 
 

@@ -1,0 +1,188 @@
+"""The lease process (see lease_process.py): a lease's database work beside the loop.
+
+`python -m batchwright.worker.lease_child FD`: FD is its end of a socket pair with the
+worker. It serves one lease at a time with the in-process path's own parts (Lease,
+ReadAhead, ResultWriter), the pipe standing in for the engine, and waits for the next.
+
+Messages (pickled tuples), worker to here: ("open", model, window), ("credit", n),
+("results", [GenResult]), ("stop",), ("close", error); here to worker: ("opened",
+token), ("reqs", [GenRequest]), ("end", more_work), ("cancel", keys, batch_id),
+("dispatch", task, args), ("error", text, infrastructure), ("closed", landed, more_work, stats).
+
+End of file means the worker died: this exits at once and leaves its lines to the lease's
+expiry, as a worker death did before (the sweeper re-queues them, charged to no line).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+from batchwright.config import get_settings
+from batchwright.worker import budget
+from batchwright.worker.claims import Lease
+from batchwright.worker.dispatch import set_dispatcher
+from batchwright.worker.pipeline import ReadAhead, ResultWriter
+
+log = logging.getLogger("batchwright.lease_process")
+
+
+class _Pipe:
+    """The connection, sent to from two threads (requests and cancels) and the main one."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        with self._lock:
+            self.conn.send(msg)
+
+    def recv(self) -> tuple[Any, ...]:
+        try:
+            msg: tuple[Any, ...] = self.conn.recv()
+        except (EOFError, OSError):
+            os._exit(0)  # the worker is gone: so is this lease (see the module's note)
+        return msg
+
+
+class _PipeDispatcher:
+    """Messages a write sends (a batch's last line landed: finalize it) go through the
+    worker, whose dispatcher is the right one (Celery, or in-process when embedded)."""
+
+    def __init__(self, pipe: _Pipe) -> None:
+        self.pipe = pipe
+
+    def send(self, name: str, *args: Any) -> None:
+        self.pipe.send(("dispatch", name, args))
+
+
+class _Credit:
+    """Requests the worker will take: it sends more as the engine takes them."""
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+        self._closed = False
+        self._cond = threading.Condition()
+
+    def add(self, n: int) -> None:
+        with self._cond:
+            self._n += n
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def take(self, most: int, *, wait: bool = True) -> int:
+        """Take up to `most` of the credit, waiting for some if `wait` (0: closed)."""
+        with self._cond:
+            while wait and self._n == 0 and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                return 0
+            n = min(most, self._n)
+            self._n -= n
+            return n
+
+
+def _send_requests(pipe: _Pipe, feed: ReadAhead, lease: Lease, credit: _Credit) -> None:
+    try:
+        it = iter(feed)
+        while credit.take(1):
+            batch = [next(it, None)]
+            # What the read-ahead holds now goes in the same message, without waiting.
+            for _ in range(credit.take(feed.ready(), wait=False) if batch[0] else 0):
+                batch.append(next(it, None))
+            requests = [r for r in batch if r is not None]
+            if requests:
+                pipe.send(("reqs", requests))
+            if len(requests) < len(batch):
+                pipe.send(("end", lease.more_work))
+                return
+    except BaseException as exc:
+        log.warning("claims failed: %r", exc)
+        pipe.send(("error", repr(exc)[:500], budget.is_infrastructure(exc)))
+
+
+def _serve(pipe: _Pipe, model: str, window: int) -> None:
+    settings = get_settings()
+    stop = threading.Event()
+    error: tuple[str, bool] | None = None
+    with Lease(model, settings, stop) as lease:
+        # Finalizing a cancelled batch is the worker's (it has the dispatcher).
+        lease.cancels.on_batch = lambda batch_id: pipe.send(
+            ("cancel", lease.cancels.drain(), batch_id)
+        )
+        # As deep as the in-process read-ahead: lines queued here and in the worker's window
+        # (lease_process.py) are ahead of a newcomer batch's (fair share, claims.py).
+        feed = ReadAhead(lease.requests(), model, max(1, settings.claim_batch_size // 8))
+        writer = ResultWriter(
+            lease.token, model, settings.result_queue_size, settings.lease_seconds
+        )
+        credit = _Credit(window)
+        sender = threading.Thread(
+            target=_send_requests, args=(pipe, feed, lease, credit), daemon=True, name="requests"
+        )
+        pipe.send(("opened", lease.token))
+        try:
+            with writer:
+                sender.start()
+                while True:
+                    msg = pipe.recv()
+                    if msg[0] == "results":
+                        for result in msg[1]:
+                            writer.put(result)
+                    elif msg[0] == "credit":
+                        credit.add(msg[1])
+                    elif msg[0] == "stop":
+                        stop.set()
+                    elif msg[0] == "close":
+                        error = msg[1]
+                        break
+        finally:
+            stop.set()
+            credit.close()
+            feed.close()
+            sender.join(timeout=30)
+        if error is not None:
+            # The run failed in the worker; the results it had sent are written above.
+            lease.release(f"Worker error: {error[0]}"[:500], lost=error[1])
+        # Leaving the lease gives back what was claimed and never finished (refunded).
+    stats = {
+        "renewals": lease.renewals,
+        "expired": writer.expired,
+        "write_seconds": writer.timings,
+        "error": None if writer.error is None else repr(writer.error)[:500],
+        "error_infrastructure": budget.is_infrastructure(writer.error),
+    }
+    pipe.send(("closed", writer.landed, lease.more_work, stats))
+
+
+def main() -> None:
+    # Signals are the worker's to act on; it tells this process what to do.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s lease-process %(message)s")
+    pipe = _Pipe(Connection(int(sys.argv[1])))
+    set_dispatcher(_PipeDispatcher(pipe))
+    while True:
+        msg = pipe.recv()
+        if msg[0] == "open":
+            try:
+                _serve(pipe, msg[1], msg[2])
+            except BaseException as exc:  # the lease could not open or close: say so
+                log.warning("lease failed: %r", exc)
+                pipe.send(("error", repr(exc)[:500], budget.is_infrastructure(exc)))
+        elif msg[0] == "close":  # after an error above: the lease is closed already
+            pipe.send(("closed", 0, False, {}))
+
+
+if __name__ == "__main__":
+    main()

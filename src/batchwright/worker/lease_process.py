@@ -1,0 +1,268 @@
+"""A lease's database work in a process of its own, beside the generation loop.
+
+Claims, lease renewals, cancel checks and result writes run in a child process
+(lease_child.py) with the same parts as the in-process path (pipeline.py); the loop only
+hands requests and results over a socket. In one process the claim and writer threads
+hold the GIL while SQLAlchemy builds and runs their statements, and the loop waits for it
+at its next torch call: on the 2-core host the service path's extra wall time equalled
+those threads' CPU time (0.7 s per 2,000 lines). In a child, that work runs beside the
+loop instead of between its steps.
+
+A child serves one lease at a time and is kept for the next; a worker holds one per lease
+it runs at once, so normally one. The embedded SQLite run keeps the threads (one file,
+one process, Ctrl-C handled in-process: runs/interrupt.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import subprocess
+import sys
+import threading
+from collections import deque
+from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
+from multiprocessing.connection import Connection
+from typing import Any
+
+from sqlalchemy.exc import OperationalError
+
+from batchwright.config import Settings
+from batchwright.engine.types import GenRequest, GenResult
+from batchwright.worker import budget, metrics
+from batchwright.worker.dispatch import get_dispatcher
+
+log = logging.getLogger(__name__)
+
+# Results go over in lots of this many, or at the loop's next step, whichever comes first.
+SEND_EVERY = 32
+
+
+def wanted(settings: Settings) -> bool:
+    return settings.lease_process and settings.resolved_database_url().startswith("postgres")
+
+
+class _Child:
+    def __init__(self, settings: Settings) -> None:
+        ours, theirs = socket.socketpair()
+        fd = theirs.detach()
+        self.settings = settings
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "batchwright.worker.lease_child", str(fd)], pass_fds=[fd]
+        )
+        socket.socket(fileno=fd).close()
+        self.conn = Connection(ours.detach())
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        self.conn.close()  # end of file: the child exits
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+_idle: list[_Child] = []
+_idle_lock = threading.Lock()
+
+
+def _acquire(settings: Settings) -> _Child:
+    with _idle_lock:
+        while _idle:
+            child = _idle.pop()
+            # Settings reloaded (tests, benches): the child read the old ones at its start.
+            if child.settings is settings and child.alive():
+                return child
+            child.close()
+    return _Child(settings)
+
+
+def _give_back(child: _Child) -> None:
+    with _idle_lock:
+        _idle.append(child)
+
+
+def _failure(text: str, infrastructure: bool) -> Exception:
+    # Raised in the worker as the in-process path would have: a database error stays one
+    # (Celery retries it; the budget counts it as a lost run, not the lines' fault).
+    if infrastructure:
+        return OperationalError(f"lease process: {text}", None, ConnectionError(text))
+    return RuntimeError(f"lease process: {text}")
+
+
+class RemoteLease:
+    """The worker's side: a request source (with `ready()`, engine/intake.py), a result
+    sink and the engine's cancel hook, all served by a lease process."""
+
+    def __init__(self, model: str, settings: Settings, stop: threading.Event) -> None:
+        self.model = model
+        self.settings = settings
+        self.stop = stop
+        self.token = ""
+        self.more_work = False
+        self.landed = 0
+        self.handed = 0
+        self.received = 0
+        # Requests sent ahead of the engine: enough to cover a round trip, few enough that
+        # a newcomer batch's lines are not queued behind many of another's.
+        self._window = max(2, settings.claim_batch_size // 4)
+        self._pending: deque[GenRequest] = deque()
+        self._results: list[GenResult] = []
+        self._cancelled: set[Any] = set()
+        self._new_cancels: set[Any] = set()
+        self._taken = 0
+        self._ended = False
+        self._stopping = False
+        self._child: _Child | None = None
+
+    # --- the engine's side ---------------------------------------------------------------
+
+    def run(self, engine: Any) -> None:
+        """Generate for this lease's lines; `landed` is known once the lease closes."""
+        for result in engine.run(self, cancelled=self.cancelled):
+            self.put(result)
+
+    def ready(self) -> int:
+        self._pump(block=False)
+        return len(self._pending)
+
+    def __iter__(self) -> Iterator[GenRequest]:
+        while True:
+            while not self._pending:
+                if self._ended:
+                    return
+                self._pump(block=True)
+            req = self._pending.popleft()
+            self._taken += 1
+            if self._taken * 2 >= self._window:
+                self._send(("credit", self._taken))
+                self._taken = 0
+            if req.key in self._cancelled:
+                continue  # cancelled between its claim and the engine asking for it
+            self.handed += 1
+            metrics.handed(self.model, 1)
+            yield req
+
+    def cancelled(self) -> AbstractSet[Any]:
+        """The engine's cancel hook, asked once a step: also when results go over."""
+        self._pump(block=False)
+        if not self._new_cancels:
+            return frozenset()
+        keys, self._new_cancels = frozenset(self._new_cancels), set()
+        return keys
+
+    def put(self, result: GenResult) -> None:
+        self.received += 1
+        self._results.append(result)
+        if len(self._results) >= SEND_EVERY:
+            self._flush()
+
+    # --- the pipe ------------------------------------------------------------------------
+
+    def _send(self, msg: tuple[Any, ...]) -> None:
+        assert self._child is not None
+        try:
+            self._child.conn.send(msg)
+        except OSError as exc:
+            raise _failure(f"lease process gone ({exc!r})", True) from exc
+
+    def _recv(self) -> tuple[Any, ...]:
+        assert self._child is not None
+        try:
+            msg: tuple[Any, ...] = self._child.conn.recv()
+        except (EOFError, OSError) as exc:
+            raise _failure(f"lease process gone ({exc!r})", True) from exc
+        return msg
+
+    def _flush(self) -> None:
+        if self._results:
+            results, self._results = self._results, []
+            self._send(("results", results))
+            metrics.finished(self.model, results)
+
+    def _pump(self, *, block: bool) -> None:
+        """Send what is due; take in what the child sent (waiting for one if `block`)."""
+        assert self._child is not None
+        self._flush()
+        if self.stop.is_set() and not self._stopping:
+            self._stopping = True
+            self._send(("stop",))
+        while block or self._child.conn.poll():
+            block = False
+            self._handle(self._recv())
+
+    def _handle(self, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "reqs":
+            self._pending.extend(msg[1])
+        elif kind == "end":
+            self._ended, self.more_work = True, msg[1]
+        elif kind == "cancel":
+            self._cancelled |= msg[1]
+            self._new_cancels |= msg[1]
+            # Finalizing sends messages and takes locks: not on the generation loop.
+            from batchwright.worker.runner import finalize_batch
+
+            threading.Thread(target=finalize_batch, args=(msg[2],), daemon=True).start()
+        elif kind == "dispatch":
+            get_dispatcher().send(msg[1], *msg[2])
+        elif kind == "error":
+            raise _failure(msg[1], msg[2])
+
+    # --- the lease -----------------------------------------------------------------------
+
+    def __enter__(self) -> RemoteLease:
+        self._child = _acquire(self.settings)
+        try:
+            self._send(("open", self.model, self._window))
+            msg = self._recv()
+            while msg[0] != "opened":
+                self._handle(msg)
+                msg = self._recv()
+        except BaseException:
+            self._child.close()
+            raise
+        self.token = msg[1]
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, _: Any
+    ) -> None:
+        assert self._child is not None
+        child, error = self._child, None
+        if exc is not None:
+            infra = budget.is_infrastructure(exc)
+            error = (repr(exc)[:500], infra)
+        failed: tuple[str, bool] | None = None
+        try:
+            self._flush()
+            self._send(("close", error))
+            msg = self._recv()
+            while msg[0] != "closed":
+                if msg[0] == "error":
+                    failed = (msg[1], msg[2])
+                elif msg[0] != "reqs":
+                    self._handle(msg)
+                msg = self._recv()
+        except BaseException:
+            child.close()
+            if exc is None:
+                raise
+            return
+        _give_back(child)
+        self.landed, stats = msg[1], msg[3]
+        self.more_work = self.more_work or msg[2]
+        if self.handed > self.received:
+            metrics.released(self.model, self.handed - self.received)
+        metrics.LEASE_RENEWALS.inc(stats.get("renewals", 0))
+        if stats.get("expired"):
+            metrics.LEASE_EXPIRIES.inc(stats["expired"])
+        for seconds in stats.get("write_seconds", ()):
+            metrics.RESULT_WRITE_SECONDS.observe(seconds)
+        if stats.get("error"):
+            failed = (stats["error"], stats["error_infrastructure"])
+        if failed is not None and exc is None:
+            raise _failure(*failed)
