@@ -14,6 +14,7 @@ The four run in interleaved rounds and each keeps its best round, so a burst of 
 a shared machine hits all of them alike; every round's figures are printed too.
 
     PYTHONPATH=src python bench/service_vs_engine.py [--lines 2000] [--rounds 2]
+        [--python-bound MS]   # a Python-bound engine instead: MS ms per line
 """
 
 from __future__ import annotations
@@ -21,11 +22,33 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import demo_home, demo_lines, done_lines, submit, temp_database
+
+
+class PythonBound:
+    """Answers each request after `ms` ms of pure Python: nothing but the GIL and a core."""
+
+    max_rows = 64
+
+    def __init__(self, ms: float) -> None:
+        self.seconds = ms / 1000
+        self.lm = type("LM", (), {"device": "gpu stand-in"})()
+
+    def run(self, requests: Iterable[Any], cancelled: Any = None) -> Iterator[Any]:
+        from batchwright.engine.types import GenResult
+
+        for req in requests:
+            end = time.perf_counter() + self.seconds
+            while time.perf_counter() < end:
+                pass
+            completion = {"id": f"cmpl-{req.key}", "model": "demo", "choices": [{"text": "x"}]}
+            yield GenResult(key=req.key, status_code=200, completion=completion, prompt_tokens=8)
 
 
 def main() -> None:
@@ -33,6 +56,14 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=2000)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--python-bound",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="instead of the demo model, an engine that spends MS ms of pure Python (holding "
+        "the GIL) per line: a GPU host's loop, whose time goes to launching kernels",
+    )
     args = parser.parse_args()
 
     import torch
@@ -47,7 +78,7 @@ def main() -> None:
     home = demo_home()
     spec = ModelSpec(name="demo", path=home / "models" / "demo")
     registry = Registry(models={"demo": spec})
-    engine = Engine.load(spec)
+    engine: Any = PythonBound(args.python_bound) if args.python_bound else Engine.load(spec)
     threads = torch.get_num_threads()  # torch's default: the engine alone runs with it
     lines = demo_lines(args.lines, max_tokens=args.max_tokens)
     list(engine.run(GenRequest(key=i, body=x["body"]) for i, x in enumerate(lines[:64])))
@@ -116,11 +147,17 @@ def main() -> None:
         )
     best = {m: min(w) for m, w in walls.items()}
     print(
-        f"{args.lines} lines, max_tokens {args.max_tokens}, demo model, CPU, best of {args.rounds}"
+        f"{args.lines} lines, max_tokens {args.max_tokens}, "
+        + (
+            f"Python-bound engine ({args.python_bound} ms a line)"
+            if args.python_bound
+            else "demo model"
+        )
+        + f", CPU, best of {args.rounds}"
     )
     labels = {
-        "engine": f"engine alone ({threads} CPU threads)",
-        "process": f"service path ({cpu['process threads']:.0f} CPU threads)",
+        "engine": f"engine alone ({threads} torch threads)",
+        "process": f"service path ({cpu['process threads']:.0f} torch threads)",
         "threads": "  claims + writes in threads",
         "sync": "  claims + writes in the loop",
     }

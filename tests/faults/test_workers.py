@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -41,6 +43,41 @@ def test_worker_sigkill_mid_batch(fault: Stack) -> None:
     assert tries == {1: len(requests)}, tries
     assert sum(n for k, n in lost.items() if k >= 1) >= held, lost
     print(f"sigkill: completed {before} before the kill, {held} leased rows lost, lost {lost}")
+
+
+def _lease_process(proc: Any) -> int:
+    """The pid of the worker's lease process (worker/lease_process.py)."""
+    tasks = Path(f"/proc/{proc.popen.pid}/task")
+    for task in tasks.iterdir():
+        for child in (task / "children").read_text().split():
+            if b"batchwright.worker.lease_child" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return int(child)
+    raise AssertionError("the worker has no lease process")
+
+
+def test_lease_process_killed_mid_batch(fault: Stack) -> None:
+    """The lease process dies alone (the OOM killer, say): the worker's run fails as the
+    infrastructure's, a new lease process takes over, and the dead one's lines come back."""
+    client = fault.client()
+    worker = fault.worker()
+    requests = _lines("child", 100, 48)
+    batch = submit(client, jsonl(requests))
+    wait_progress(client, batch.id)
+    end = time.monotonic() + 120
+    while not _running_leases(fault, batch.id):
+        assert time.monotonic() < end, "the worker never held rows"
+        time.sleep(0.02)
+    first = _lease_process(worker)
+    os.kill(first, signal.SIGKILL)
+
+    done = assert_batch_whole(fault, client, batch.id, [r["custom_id"] for r in requests])
+    assert done.batch.status == "completed"
+    assert len(done.out) == len(requests)
+    assert worker.popen.poll() is None  # the worker lived on
+    assert _lease_process(worker) != first
+    # The lost run was charged to no line: its lines were tried once, and counted as lost.
+    assert attempts(fault, batch.id) == {1: len(requests)}
+    assert sum(n for k, n in infra_failures(fault, batch.id).items() if k >= 1) >= 1
 
 
 @contextmanager

@@ -59,7 +59,7 @@ def set_cpu_threads(engine: Engine, settings: Settings) -> None:
 
     if settings.torch_threads > 0:
         torch.set_num_threads(settings.torch_threads)
-    elif lease_process.wanted(settings) and engine.lm.device.type == "cpu":
+    elif lease_process.wanted(settings) and str(engine.lm.device) == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
 
 
