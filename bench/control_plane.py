@@ -3,7 +3,8 @@ answers every request at once. This measures claims and result writes (fair-shar
 read-ahead, the writer thread, lease rules), not generation.
 
 Each worker is a thread running the real runner.process -> Lease -> pipeline path with its
-own lease; they drain one model's queue of LINES lines spread over 4 projects. Printed per
+own lease (the in-process form of a worker's lease process: the same statements); they
+drain one model's queue of LINES lines spread over 4 projects. Printed per
 N: lines/s, SQL statements and transactions per line (a transaction adds BEGIN and COMMIT
 round trips), and round trips per line = statements + 2 x transactions + pool pings. The
 simulated workers share one pool of at most --connections server connections (a worker
@@ -111,8 +112,13 @@ def run(n: int, lines: int, max_connections: int) -> dict[str, float]:
     # be: at most `max_connections` server connections (this Postgres allows 100, shared
     # with other users), threads wait for one when all are busy.
     pool = str(min(3 * n, max_connections))
+    # Claims and writes in threads of this process (lease_process off): the statements are
+    # the lease process's, but here they can be counted and share one pool.
     with temp_database(
-        work_slice_seconds="3600", database_pool_size=pool, database_max_overflow="0"
+        work_slice_seconds="3600",
+        database_pool_size=pool,
+        database_max_overflow="0",
+        lease_process="false",
     ):
         spec = ModelSpec(name="demo", path=Path("/nonexistent"))
         registry = Registry(models={"demo": spec})

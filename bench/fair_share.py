@@ -52,6 +52,10 @@ def main() -> None:
                 if runner.process("demo", registry, lambda _: engine) == 0:
                     time.sleep(0.02)  # a real worker waits for a wake-up message here
 
+        # As a worker: its lease process started once, before any timing, and the engine's
+        # CPU threads set (runner.set_cpu_threads).
+        runner.process("demo", registry, lambda _: engine)
+        runner.set_cpu_threads(engine, runner.get_settings())
         thread = threading.Thread(target=worker, daemon=True)
         thread.start()
 
