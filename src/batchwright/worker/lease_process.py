@@ -108,7 +108,7 @@ class RemoteLease:
         self.received = 0
         # Requests sent ahead of the engine: enough to cover a round trip, few enough that
         # a newcomer batch's lines are not queued behind many of another's.
-        self._window = max(2, settings.claim_batch_size // 4)
+        self._window = max(2, settings.claim_batch_size // 16)
         self._pending: deque[GenRequest] = deque()
         self._results: list[GenResult] = []
         self._cancelled: set[Any] = set()
