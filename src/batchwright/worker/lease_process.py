@@ -108,8 +108,12 @@ class RemoteLease:
         self.received = 0
         # Requests sent ahead of the engine: enough to cover a round trip, few enough that
         # a newcomer batch's lines are not queued behind many of another's.
-        self._window = max(2, settings.claim_batch_size // 16)
+        self._window = max(2, settings.claim_batch_size // 4)
         self._pending: deque[GenRequest] = deque()
+        # Lines of batches that started after this lease's first claim (a newcomer, whom the
+        # lease process's claims put first) go before the window's lines of older ones.
+        self._newcomers: deque[GenRequest] = deque()
+        self._older: set[Any] | None = None
         self._results: list[GenResult] = []
         self._cancelled: set[Any] = set()
         self._new_cancels: set[Any] = set()
@@ -127,15 +131,15 @@ class RemoteLease:
 
     def ready(self) -> int:
         self._pump(block=False)
-        return len(self._pending)
+        return len(self._newcomers) + len(self._pending)
 
     def __iter__(self) -> Iterator[GenRequest]:
         while True:
-            while not self._pending:
+            while not (self._newcomers or self._pending):
                 if self._ended:
                     return
                 self._pump(block=True)
-            req = self._pending.popleft()
+            req = (self._newcomers or self._pending).popleft()
             self._taken += 1
             if self._taken * 2 >= self._window:
                 self._send(("credit", self._taken))
@@ -197,7 +201,10 @@ class RemoteLease:
     def _handle(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
         if kind == "reqs":
-            self._pending.extend(msg[1])
+            if self._older is None:
+                self._older = {r.group for r in msg[1]}
+            for req in msg[1]:
+                (self._pending if req.group in self._older else self._newcomers).append(req)
         elif kind == "end":
             self._ended, self.more_work = True, msg[1]
         elif kind == "cancel":
