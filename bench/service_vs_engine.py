@@ -32,7 +32,9 @@ from _harness import demo_home, demo_lines, done_lines, submit, temp_database
 
 
 class PythonBound:
-    """Answers each request after `ms` ms of pure Python: nothing but the GIL and a core."""
+    """Answers each request after `ms` ms of pure Python: nothing but the GIL and a core.
+    Like the engine (engine/intake.py) it tops a window up each step with what its source
+    holds ready, waiting only when it has nothing to work on."""
 
     max_rows = 64
 
@@ -43,7 +45,19 @@ class PythonBound:
     def run(self, requests: Iterable[Any], cancelled: Any = None) -> Iterator[Any]:
         from batchwright.engine.types import GenResult
 
-        for req in requests:
+        ready = getattr(requests, "ready", None)
+        it = iter(requests)
+        pending: list[Any] = []
+        while True:
+            room = 2 * self.max_rows - len(pending)
+            n = min(room, ready()) if ready is not None else room
+            pending.extend(r for r in (next(it, None) for _ in range(max(n, 0))) if r)
+            if not pending:
+                first = next(it, None)
+                if first is None:
+                    return
+                pending.append(first)
+            req = pending.pop(0)
             end = time.perf_counter() + self.seconds
             while time.perf_counter() < end:
                 pass

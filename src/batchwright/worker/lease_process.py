@@ -106,9 +106,10 @@ class RemoteLease:
         self.landed = 0
         self.handed = 0
         self.received = 0
-        # Requests sent ahead of the engine: enough to cover a round trip, few enough that
-        # a newcomer batch's lines are not queued behind many of another's.
-        self._window = max(2, settings.claim_batch_size // 4)
+        # Requests sent ahead of the engine: a claim's worth, so that the lease process's
+        # claims keep running (it hears of a newcomer batch while it hands lines over) and
+        # the newcomer's lines reach this window, where they go first, within a step.
+        self._window = max(2, settings.claim_batch_size)
         self._pending: deque[GenRequest] = deque()
         # Lines of batches that started after this lease's first claim (a newcomer, whom the
         # lease process's claims put first) go before the window's lines of older ones.
