@@ -120,9 +120,8 @@ def _serve(pipe: _Pipe, model: str, window: int) -> None:
         lease.cancels.on_batch = lambda batch_id: pipe.send(
             ("cancel", lease.cancels.drain(), batch_id)
         )
-        # Half the in-process read-ahead, the worker's window (lease_process.py) the other
-        # half: lines queued here are ahead of a newcomer batch's (claims.py), and the
-        # worker takes no more than its window until the engine takes some.
+        # Shallow: lines queued here are ahead of a newcomer batch's (claims.py); in the
+        # worker's window (lease_process.py, a claim's worth) a newcomer's go first.
         feed = ReadAhead(lease.requests(), model, max(1, settings.claim_batch_size // 16))
         writer = ResultWriter(
             lease.token, model, settings.result_queue_size, settings.lease_seconds
