@@ -159,8 +159,6 @@ def _serve(pipe: _Pipe, model: str, window: int) -> None:
         "renewals": lease.renewals,
         "expired": writer.expired,
         "write_seconds": writer.timings,
-        "error": None if writer.error is None else repr(writer.error)[:500],
-        "error_infrastructure": budget.is_infrastructure(writer.error),
     }
     pipe.send(("closed", writer.landed, lease.more_work, stats))
 

@@ -270,7 +270,5 @@ class RemoteLease:
             metrics.LEASE_EXPIRIES.inc(stats["expired"])
         for seconds in stats.get("write_seconds", ()):
             metrics.RESULT_WRITE_SECONDS.observe(seconds)
-        if stats.get("error"):
-            failed = (stats["error"], stats["error_infrastructure"])
         if failed is not None and exc is None:
             raise _failure(*failed)

@@ -22,7 +22,6 @@ from batchwright.webhooks import outbox
 from batchwright.worker import budget, lease_process, metrics, pipeline, routing
 from batchwright.worker.claims import Lease, is_out_of_memory
 from batchwright.worker.dispatch import FINALIZE, PROCESS, VALIDATE, get_dispatcher
-from batchwright.worker.lease_process import RemoteLease
 
 if TYPE_CHECKING:
     from batchwright.engine.runtime import Engine
@@ -50,9 +49,9 @@ def engine_for(spec: ModelSpec) -> Engine:
 
 def set_cpu_threads(engine: Engine, settings: Settings) -> None:
     """Intra-op threads of a model on the CPU: `torch_threads`, or with the lease process
-    one fewer than the cores. The lease process and a local Postgres preempt a thread of
-    the engine's otherwise, and the others wait for it at the step's barriers (on 2 cores:
-    the service path 1.2-1.4x the engine alone with 2 threads, best 1.13x with 1)."""
+    one fewer than the cores: the lease process and a local Postgres would otherwise
+    preempt a thread of the engine's while the others wait for it at the step's barriers
+    (figures in docs/scaling.md)."""
     import os
 
     import torch
@@ -100,9 +99,9 @@ def process(
     engine = engine_provider(spec)
     landed = 0
     try:
-        lease: Lease | RemoteLease
+        lease: Lease | lease_process.RemoteLease
         if lease_process.wanted(settings):
-            with RemoteLease(model, settings, SHUTDOWN) as lease:
+            with lease_process.RemoteLease(model, settings, SHUTDOWN) as lease:
                 lease.run(engine)
             landed = lease.landed
         else:
