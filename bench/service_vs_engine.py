@@ -1,6 +1,7 @@
 """The worker's service path against the engine alone, on the same 2,000-line demo file.
 
-    engine alone:  Engine.run over the 2,000 requests, nothing else
+    engine alone:  Engine.run over the 2,000 requests, nothing else: with torch's default
+                   threads, and again with the service path's (fewer on a CPU-only host)
     service path:  runner.process on the validated batch in Postgres, as a worker runs
                    it: claims and result writes in the lease process
                    (worker/lease_process.py), the engine's CPU threads set as the worker
@@ -99,11 +100,13 @@ def main() -> None:
 
     cpu: dict[str, float] = {}
 
-    def alone() -> float:
+    def alone(leg: str, n_threads: int) -> float:
+        torch.set_num_threads(n_threads)
         start, cpu0 = time.perf_counter(), time.process_time()
         results = list(engine.run(GenRequest(key=i, body=x["body"]) for i, x in enumerate(lines)))
         assert len(results) == len(lines)
-        cpu["engine"] = min(cpu.get("engine", 1e9), time.process_time() - cpu0)
+        cpu[leg] = min(cpu.get(leg, 1e9), time.process_time() - cpu0)
+        torch.set_num_threads(threads)
         return time.perf_counter() - start
 
     def service(mode: str) -> tuple[float, float, float]:
@@ -146,15 +149,18 @@ def main() -> None:
             return t_validate, t_process, time.perf_counter() - t0
 
     modes = ("process", "threads", "sync")
-    walls: dict[str, list[float]] = {m: [] for m in ("engine", *modes)}
+    walls: dict[str, list[float]] = {m: [] for m in ("engine", *modes, "engine same")}
     v = f = 0.0
     for r in range(args.rounds):
-        walls["engine"].append(alone())
+        walls["engine"].append(alone("engine", threads))
         for mode in modes:
             v2, t, f2 = service(mode)
             walls[mode].append(t)
             if mode == "process":
                 v, f = v2, f2
+        # The engine alone with the service path's torch threads: what the path itself
+        # costs, apart from the core a CPU-only worker leaves to its lease process.
+        walls["engine same"].append(alone("engine same", int(cpu["process threads"])))
         print(
             f"round {r + 1}: " + ", ".join(f"{m} {w[-1]:.2f} s" for m, w in walls.items()),
             flush=True,
@@ -169,20 +175,27 @@ def main() -> None:
         )
         + f", CPU, best of {args.rounds}"
     )
+    same = int(cpu["process threads"])
     labels = {
         "engine": f"engine alone ({threads} torch threads)",
-        "process": f"service path ({cpu['process threads']:.0f} torch threads)",
+        "process": f"service path ({same} torch threads)",
         "threads": "  claims + writes in threads",
         "sync": "  claims + writes in the loop",
+        "engine same": f"engine alone ({same} torch threads)",
     }
     for mode, label in labels.items():
         ratio = "" if mode == "engine" else f"   {best[mode] / best['engine']:5.2f}x engine"
         print(f"{label:34s}{best[mode]:6.2f} s{ratio}")
+    print(
+        f"service path against the engine alone with the same {same} torch threads: "
+        f"{best['process'] / best['engine same']:.2f}x"
+    )
     print(f"validation {v:.2f} s, finalize {f:.2f} s (control queue, outside the loop)")
     # CPU time of this process (all its threads, not the lease process's): what the path
     # costs the generation loop's process, less sensitive than wall time to other load.
     print(
-        "CPU seconds of this process: " + ", ".join(f"{m} {cpu[m]:.1f}" for m in ("engine", *modes))
+        "CPU seconds of this process: "
+        + ", ".join(f"{m} {cpu[m]:.1f}" for m in ("engine", *modes, "engine same"))
     )
 
 

@@ -155,7 +155,7 @@ def test_second_ctrl_c_exits_at_once_and_state_stays_consistent(
     assert "stopped at once" in err or "run the same command again to continue" in err
     again = _run(src, env)
     assert again.returncode == 0, again.stderr
-    assert "continuing:" in again.stderr
+    assert "continuing:" in again.stderr, (err, again.stderr)
     out = _output(tmp_path / "twice.output.jsonl")
     assert [o["custom_id"] for o in out] == [f"t{i}" for i in range(300)]
     assert not (tmp_path / "twice.errors.jsonl").exists()

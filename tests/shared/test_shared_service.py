@@ -152,6 +152,10 @@ def test_two_models_two_workers_two_projects(svc: Service, no_torch: str) -> Non
         assert finished == (A_LINES + B_LINES if model == "demo" else 60)
         assert value(text, "batchwright_worker_generated_tokens_total", model=model) > 0
         assert value(text, "batchwright_worker_engine_step_seconds_count", model=model) > 0
+        # Every line handed to the engine came back; the writes ran in the lease process,
+        # and their timings reached the metrics this worker serves.
+        assert value(text, "batchwright_worker_rows_in_flight", model=model) == 0
+        assert value(text, "batchwright_worker_result_write_seconds_count") > 0
     assert "succeeded" in control.output() and "validate_batch" in control.output()
 
     # The API's metrics: requests by route template, batches by status, live workers.

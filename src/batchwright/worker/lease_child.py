@@ -7,7 +7,8 @@ ReadAhead, ResultWriter), the pipe standing in for the engine, and waits for the
 Messages (pickled tuples), worker to here: ("open", model, window), ("credit", n),
 ("results", [GenResult]), ("stop",), ("close", error); here to worker: ("opened",
 token), ("reqs", [GenRequest]), ("end", more_work), ("cancel", keys, batch_id),
-("dispatch", task, args), ("error", text, infrastructure), ("closed", landed, more_work, stats).
+("dispatch", task, args), ("stats", counters), ("error", text, infrastructure), ("closed",
+landed, more_work, counters).
 
 End of file means the worker died: this exits at once and leaves its lines to the lease's
 expiry, as a worker death did before (the sweeper re-queues them, charged to no line).
@@ -20,6 +21,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -92,6 +94,34 @@ class _Credit:
             return n
 
 
+class _Report:
+    """The lease's counters for the worker's metrics (its registry is the one served), sent
+    as they grow: at most once a second while results come in, and the rest at close."""
+
+    EVERY = 1.0
+
+    def __init__(self, lease: Lease, writer: ResultWriter) -> None:
+        self.lease, self.writer = lease, writer
+        self._renewals = self._expired = self._writes = 0
+        self._last = time.monotonic()
+
+    def due(self) -> bool:
+        return time.monotonic() - self._last >= self.EVERY
+
+    def delta(self) -> dict[str, Any]:
+        self._last = time.monotonic()
+        renewals, expired = self.lease.renewals, self.writer.expired
+        timings = self.writer.timings[self._writes :]
+        out = {
+            "renewals": renewals - self._renewals,
+            "expired": expired - self._expired,
+            "write_seconds": timings,
+        }
+        self._renewals, self._expired = renewals, expired
+        self._writes += len(timings)
+        return out
+
+
 def _send_requests(pipe: _Pipe, feed: ReadAhead, lease: Lease, credit: _Credit) -> None:
     try:
         it = iter(feed)
@@ -130,6 +160,7 @@ def _serve(pipe: _Pipe, model: str, window: int) -> None:
         sender = threading.Thread(
             target=_send_requests, args=(pipe, feed, lease, credit), daemon=True, name="requests"
         )
+        report = _Report(lease, writer)
         pipe.send(("opened", lease.token))
         try:
             with writer:
@@ -139,6 +170,8 @@ def _serve(pipe: _Pipe, model: str, window: int) -> None:
                     if msg[0] == "results":
                         for result in msg[1]:
                             writer.put(result)
+                        if report.due():
+                            pipe.send(("stats", report.delta()))
                     elif msg[0] == "credit":
                         credit.add(msg[1])
                     elif msg[0] == "stop":
@@ -155,12 +188,7 @@ def _serve(pipe: _Pipe, model: str, window: int) -> None:
             # The run failed in the worker; the results it had sent are written above.
             lease.release(f"Worker error: {error[0]}"[:500], lost=error[1])
         # Leaving the lease gives back what was claimed and never finished (refunded).
-    stats = {
-        "renewals": lease.renewals,
-        "expired": writer.expired,
-        "write_seconds": writer.timings,
-    }
-    pipe.send(("closed", writer.landed, lease.more_work, stats))
+    pipe.send(("closed", writer.landed, lease.more_work, report.delta()))
 
 
 def main() -> None:
