@@ -152,9 +152,11 @@ def _serve(pipe: _Pipe, model: str, window: int) -> None:
         )
         # Shallow: lines queued here are ahead of a newcomer batch's (claims.py); in the
         # worker's window (lease_process.py, a claim's worth) a newcomer's go first.
-        feed = ReadAhead(lease.requests(), model, max(1, settings.claim_batch_size // 16))
         writer = ResultWriter(
             lease.token, model, settings.result_queue_size, settings.lease_seconds
+        )
+        feed = ReadAhead(
+            lease.requests(), model, max(1, settings.claim_batch_size // 16), writer.handed
         )
         credit = _Credit(window)
         sender = threading.Thread(

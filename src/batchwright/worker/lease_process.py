@@ -114,6 +114,9 @@ class RemoteLease:
     """The worker's side: a request source (with `ready()`, engine/intake.py), a result
     sink and the engine's cancel hook, all served by a lease process."""
 
+    # Its window is ordered (newcomers first): the engine reads it only a little ahead.
+    orders_ahead = True
+
     def __init__(self, model: str, settings: Settings, stop: threading.Event) -> None:
         self.model = model
         self.settings = settings

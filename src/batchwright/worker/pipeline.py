@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Iterator
+from collections import Counter, deque
+from collections.abc import Callable, Hashable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -51,10 +51,17 @@ class ReadAhead:
     loop lets go of it in each one), so one per line handed over cost the loop more than
     the claims' own work."""
 
-    def __init__(self, source: Iterator[GenRequest], model: str, depth: int) -> None:
+    def __init__(
+        self,
+        source: Iterator[GenRequest],
+        model: str,
+        depth: int,
+        on_hand: Callable[[GenRequest], None] | None = None,
+    ) -> None:
         self.source = source
         self.model = model
         self.handed = 0
+        self._on_hand = on_hand
         self._depth = max(1, depth)
         self._low = self._depth // 2
         self._items: deque[Any] = deque()
@@ -114,6 +121,8 @@ class ReadAhead:
                 raise item.exc
             self.handed += 1
             metrics.handed(self.model, 1)
+            if self._on_hand is not None:
+                self._on_hand(item)
             yield item
 
     def close(self) -> None:
@@ -129,7 +138,10 @@ class ResultWriter:
     """Writes results for one lease from a thread; `put` blocks only when it falls behind.
 
     The thread is woken when a write's worth has gathered (or the first result of one has
-    waited FLUSH_SECONDS), not for every result: see ReadAhead on what a wake-up costs."""
+    waited FLUSH_SECONDS), not for every result: see ReadAhead on what a wake-up costs.
+    Results that leave a batch with no line in this lease's engine (`handed` tells it what
+    went there) are written at once: often a batch's last lines, which would otherwise wait
+    for a write's worth of a big batch's results (up to FLUSH_SECONDS)."""
 
     def __init__(self, token: str, model: str, size: int, retry_seconds: float) -> None:
         self.token = token
@@ -143,6 +155,8 @@ class ResultWriter:
         self._size = max(1, size)
         self._every = max(1, min(FLUSH_EVERY, self._size // 2))
         self._items: deque[GenResult] = deque()
+        self._out: Counter[Hashable] = Counter()  # lines in the engine, by batch
+        self._urgent = False
         self._ended = False
         self._lock = threading.Lock()
         self._gathered = threading.Condition(self._lock)
@@ -153,15 +167,26 @@ class ResultWriter:
         self._thread.start()
         return self
 
+    def handed(self, request: GenRequest) -> None:
+        """`request` went to the engine (ReadAhead's on_hand)."""
+        with self._lock:
+            self._out[request.key[1]] += 1
+
     def put(self, result: GenResult) -> None:
         if self.error is not None:
             raise self.error
         self.received += 1
+        batch = result.key[1]
         with self._lock:
             while len(self._items) >= self._size:
                 self._not_full.wait()
             self._items.append(result)
-            if len(self._items) in (1, self._every):
+            if batch in self._out:
+                self._out[batch] -= 1
+                if self._out[batch] <= 0:
+                    del self._out[batch]
+                    self._urgent = True
+            if self._urgent or len(self._items) in (1, self._every):
                 self._gathered.notify()
 
     def __exit__(
@@ -184,11 +209,12 @@ class ResultWriter:
             while not self._items and not self._ended:
                 self._gathered.wait()
             deadline = time.monotonic() + FLUSH_SECONDS
-            while len(self._items) < self._every and not self._ended:
+            while len(self._items) < self._every and not (self._ended or self._urgent):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._gathered.wait(left)
+            self._urgent = False
             n = min(len(self._items), FLUSH_MAX)
             buffer = [self._items.popleft() for _ in range(n)]
             self._not_full.notify_all()
@@ -240,8 +266,8 @@ def generate(
     the engine's cancel hook (Engine.run(requests, cancelled=...)), passed through."""
     # The engine's window (engine/intake.py) hides a claim's latency; lines queued here
     # are ahead of a newcomer's (claims.py), so only a few wait here.
-    feed = ReadAhead(lease.requests(), model, max(1, settings.claim_batch_size // 8))
     writer = ResultWriter(lease.token, model, settings.result_queue_size, settings.lease_seconds)
+    feed = ReadAhead(lease.requests(), model, max(1, settings.claim_batch_size // 8), writer.handed)
     try:
         with writer:
             hook = {} if cancelled is None else {"cancelled": cancelled}
