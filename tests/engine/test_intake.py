@@ -89,3 +89,31 @@ def test_without_groups_the_window_runs_longest_first(
     order = [r.key for r in engine.run(reqs)]
     # Rows 1 and 3 (9 tokens) were admitted first; the short ones ran after them.
     assert set(order[:2]) == {1, 3}, order
+
+
+class OrderedFeed(Feed):
+    """Like the worker's lease process window, which orders its lines itself (a newcomer
+    batch's first): the engine should leave them there until rows can take them."""
+
+    orders_ahead = True
+
+
+def test_an_ordered_source_is_read_only_half_a_batch_ahead(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """When the first result comes out, the engine has taken its rows plus half a batch
+    from a source that orders its own window (where the worker puts a newcomer batch's
+    lines first), and its rows plus two batches from any other."""
+    engine = make_engine(max_rows=4)
+    eos = min(engine.lm.eos_ids)
+    taken = {}
+    for feed in (OrderedFeed(), Feed()):
+        for i in range(20):
+            feed.put(GenRequest(i, _body(eos, 5)))
+        feed.put(_END)
+        results = engine.run(feed)
+        first = next(results)
+        assert first.status_code == 200, first.error
+        taken[type(feed).__name__] = 20 + 1 - feed.ready()  # the end marker is queued too
+        assert len([first, *results]) == 20
+    assert taken == {"OrderedFeed": 4 + 2, "Feed": 4 + 8}
