@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 _LOOKAHEAD = 2
 # A source that orders its own window of ready requests (`orders_ahead`: the worker's lease
 # process, which puts a newcomer batch's lines first) is read only half a batch ahead, so
-# lines wait there rather than behind two batches' worth here. bench/fair_share.py: a small
-# batch's time under load 0.22 s against 0.15 s (demo model, 64 rows, same decode steps).
+# lines wait there rather than behind two batches' worth here (bench/fair_share.py: the
+# small batch 0.13-0.20 s under load against 0.20-0.22 s; the same decode steps).
 _LOOKAHEAD_ORDERED = 0.5
 
 
