@@ -1,7 +1,7 @@
 """`batchwright run` stopped by a signal and run again: nothing lost, nothing twice.
 
 Each test drives the real command in a subprocess. Interrupts are sent once the run's
-state database holds finished lines (a condition, not a delay)."""
+state database holds finished lines, with its write lock held (a condition, not a delay)."""
 
 from __future__ import annotations
 
@@ -51,19 +51,6 @@ def _run(path: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedPr
     return subprocess.run(_cmd(path, *extra), env=env, capture_output=True, text=True, timeout=600)
 
 
-def _finished(database: Path) -> int:
-    if not database.exists():
-        return 0
-    try:
-        with sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=5) as conn:
-            row = conn.execute(
-                "SELECT count(*) FROM batch_requests WHERE state IN ('succeeded', 'failed')"
-            ).fetchone()
-    except sqlite3.OperationalError:  # not created yet
-        return 0
-    return int(row[0])
-
-
 def _saved_completions(database: Path) -> dict[str, str]:
     """custom_id -> Completion id of lines the state database holds as done."""
     with sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=5) as conn:
@@ -72,6 +59,31 @@ def _saved_completions(database: Path) -> dict[str, str]:
             "JOIN completions c ON c.request_row_id = r.id"
         ).fetchall()
     return dict(rows)
+
+
+def _hold(database: Path, at_least: int, proc: subprocess.Popen[bytes]) -> sqlite3.Connection:
+    """The state database's write lock, taken once it holds `at_least` finished lines: until
+    it is released the run can write nothing more, so it is still running when signalled,
+    however fast the engine (a 300-line run once finished between two looks)."""
+    deadline = time.monotonic() + 300
+    while True:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no progress in the state database"
+        if database.exists():
+            conn = sqlite3.connect(database, timeout=30, isolation_level=None)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                row = conn.execute(
+                    "SELECT count(*) FILTER (WHERE state IN ('succeeded', 'failed')), count(*) "
+                    "FROM batch_requests"
+                ).fetchone()
+            except sqlite3.OperationalError:  # not created yet
+                row = None
+            if row is not None and row[0] >= at_least:
+                assert row[0] < row[1], "every line finished before the lock was taken"
+                return conn
+            conn.close()  # rolls back
+        time.sleep(0.005)
 
 
 def _interrupt(
@@ -83,12 +95,9 @@ def _interrupt(
     proc = subprocess.Popen(
         _cmd(path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0
     )
-    deadline = time.monotonic() + 300
-    while _finished(database) < at_least:
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "no progress in the state database"
-        time.sleep(0.1)
+    lock = _hold(database, at_least, proc)
     proc.send_signal(sig)
+    lock.close()  # rolls back: the run writes on (what it finished) and stops
     seen = b""
     if times == 2:
         # Signals of one kind coalesce while pending: the second goes once the first is seen.
