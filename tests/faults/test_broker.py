@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from tests.faults.checks import assert_batch_whole, wait_progress
+from tests.faults.checks import assert_batch_whole
 from tests.faults.conftest import Stack
+from tests.faults.kills import held_mid_batch
 from tests.faults.test_workers import _lines
 from tests.helpers import jsonl, submit
 
@@ -45,9 +46,9 @@ def test_redis_flushed(fault: Stack) -> None:
     batch = submit(client, jsonl(requests))
     r.flushdb()  # the validate message is gone before any worker saw it
     worker = fault.worker(BATCHWRIGHT_WORK_SLICE_SECONDS="1")
-    before = wait_progress(client, batch.id).request_counts.completed
-    r.flushdb()  # mid-batch: queued and unacked messages, queue bindings, all gone
-    mark = len(worker.output())
+    with held_mid_batch(fault, batch.id) as before:
+        r.flushdb()  # mid-batch: queued and unacked messages, queue bindings, all gone
+        mark = len(worker.output())
     done = assert_batch_whole(fault, client, batch.id, [r["custom_id"] for r in requests])
     assert done.batch.status == "completed"
     assert len(done.out) == len(requests)
@@ -65,12 +66,12 @@ def test_redis_restarted(fault: Stack) -> None:
     fault.worker(BATCHWRIGHT_WORK_SLICE_SECONDS="1")
     requests = _lines("restart", 300, 64)
     batch = submit(client, jsonl(requests))
-    before = wait_progress(client, batch.id).request_counts.completed
-    try:
-        subprocess.run(["redis-cli", "-p", "6379", "shutdown", "nosave"], timeout=10)
-        time.sleep(0.5)
-    finally:
-        subprocess.run(REDIS_START, check=True, timeout=10)
+    with held_mid_batch(fault, batch.id) as before:
+        try:
+            subprocess.run(["redis-cli", "-p", "6379", "shutdown", "nosave"], timeout=10)
+            time.sleep(0.5)
+        finally:
+            subprocess.run(REDIS_START, check=True, timeout=10)
     end = time.monotonic() + 10
     while True:
         try:

@@ -5,16 +5,14 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from tests.faults.checks import assert_batch_whole, attempts, infra_failures, wait_progress
+from tests.faults.checks import assert_batch_whole, attempts, infra_failures
 from tests.faults.conftest import Stack
-from tests.faults.kills import kill_holding
+from tests.faults.kills import held_mid_batch, kill_holding, results_held
 from tests.helpers import jsonl, line, submit
 
 
@@ -30,9 +28,9 @@ def test_worker_sigkill_mid_batch(fault: Stack) -> None:
     first = fault.worker()
     requests = _lines("kill", 100, 48)
     batch = submit(client, jsonl(requests))
-    before = wait_progress(client, batch.id).request_counts.completed
-    # Killed while it holds leases (a condition, not a moment: see kills.py).
-    held = kill_holding(fault, first, batch.id)
+    # Killed while it holds leases, mid-batch (conditions, not moments: see kills.py).
+    with held_mid_batch(fault, batch.id) as before:
+        held = kill_holding(fault, first, batch.id)
     fault.worker()  # the sweeper re-queues the dead worker's rows once their lease expires
 
     done = assert_batch_whole(fault, client, batch.id, [r["custom_id"] for r in requests])
@@ -62,13 +60,13 @@ def test_lease_process_killed_mid_batch(fault: Stack) -> None:
     worker = fault.worker()
     requests = _lines("child", 100, 48)
     batch = submit(client, jsonl(requests))
-    wait_progress(client, batch.id)
-    end = time.monotonic() + 120
-    while not _running_leases(fault, batch.id):
-        assert time.monotonic() < end, "the worker never held rows"
-        time.sleep(0.02)
-    first = _lease_process(worker)
-    os.kill(first, signal.SIGKILL)
+    with held_mid_batch(fault, batch.id):
+        end = time.monotonic() + 120
+        while not _running_leases(fault, batch.id):
+            assert time.monotonic() < end, "the worker never held rows"
+            time.sleep(0.02)
+        first = _lease_process(worker)
+        os.kill(first, signal.SIGKILL)
 
     done = assert_batch_whole(fault, client, batch.id, [r["custom_id"] for r in requests])
     assert done.batch.status == "completed"
@@ -78,16 +76,6 @@ def test_lease_process_killed_mid_batch(fault: Stack) -> None:
     # The lost run was charged to no line: its lines were tried once, and counted as lost.
     assert attempts(fault, batch.id) == {1: len(requests)}
     assert sum(n for k, n in infra_failures(fault, batch.id).items() if k >= 1) >= 1
-
-
-@contextmanager
-def results_held(fault: Stack) -> Iterator[None]:
-    """No result can land while this is open (a SHARE lock on completions blocks the
-    writers' COPY), so no line leaves `running` and no worker can finish a batch alone."""
-    with psycopg.connect(fault.pg_url, connect_timeout=5) as conn:
-        conn.execute("LOCK TABLE completions IN SHARE MODE")
-        yield
-        conn.rollback()
 
 
 def _running_leases(fault: Stack, batch_id: str) -> set[str]:
