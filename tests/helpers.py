@@ -4,9 +4,49 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import psycopg
+
 TERMINAL = {"completed", "failed", "cancelled", "expired"}
+
+_FINISHED = (
+    "SELECT count(*) FROM batch_requests WHERE batch_id = %s AND state IN ('succeeded', 'failed')"
+)
+
+
+@contextmanager
+def results_held(pg_url: str) -> Iterator[psycopg.Connection]:
+    """No result can land while this is open (a SHARE lock on completions blocks the
+    writers' COPY), so no line leaves `running` and no worker can finish a batch alone.
+    Reads go on; a blocked write keeps its batch row locked, so nothing that updates the
+    batch (a cancel, say) can complete inside."""
+    with psycopg.connect(pg_url, connect_timeout=5) as conn:
+        conn.execute("LOCK TABLE completions IN SHARE MODE")
+        yield conn
+        conn.rollback()
+
+
+@contextmanager
+def held_mid_batch(
+    pg_url: str, batch_id: str, at_least: int = 1, timeout: float = 600
+) -> Iterator[int]:
+    """Results held (see results_held) from a moment the batch has at least `at_least`
+    finished lines; yields how many. However fast the engine, the batch is mid-way until the
+    block ends: looking first and acting after could find it done (at CPU speeds a
+    100-line batch takes a fraction of a second)."""
+    end = time.monotonic() + timeout
+    while True:
+        with results_held(pg_url) as conn:
+            row = conn.execute(_FINISHED, (batch_id,)).fetchone()
+            done = int(row[0]) if row else 0
+            if done >= at_least:
+                yield done
+                return
+        assert time.monotonic() < end, f"{batch_id}: {done} of {at_least} lines finished"
+        time.sleep(0.05)
 
 
 def line(custom_id: str, body: dict[str, Any] | None = None, **over: Any) -> dict[str, Any]:

@@ -10,9 +10,8 @@ import pytest
 
 from tests.faults.checks import assert_batch_whole
 from tests.faults.conftest import Stack
-from tests.faults.kills import held_mid_batch
 from tests.faults.test_workers import _lines
-from tests.helpers import jsonl, submit
+from tests.helpers import held_mid_batch, jsonl, submit
 
 # How .ci/run starts the machine's Redis (docs/DESIGN §6); restarted with the same line.
 REDIS_START = [
@@ -46,7 +45,7 @@ def test_redis_flushed(fault: Stack) -> None:
     batch = submit(client, jsonl(requests))
     r.flushdb()  # the validate message is gone before any worker saw it
     worker = fault.worker(BATCHWRIGHT_WORK_SLICE_SECONDS="1")
-    with held_mid_batch(fault, batch.id) as before:
+    with held_mid_batch(fault.pg_url, batch.id) as before:
         r.flushdb()  # mid-batch: queued and unacked messages, queue bindings, all gone
         mark = len(worker.output())
     done = assert_batch_whole(fault, client, batch.id, [r["custom_id"] for r in requests])
@@ -66,7 +65,7 @@ def test_redis_restarted(fault: Stack) -> None:
     fault.worker(BATCHWRIGHT_WORK_SLICE_SECONDS="1")
     requests = _lines("restart", 300, 64)
     batch = submit(client, jsonl(requests))
-    with held_mid_batch(fault, batch.id) as before:
+    with held_mid_batch(fault.pg_url, batch.id) as before:
         try:
             subprocess.run(["redis-cli", "-p", "6379", "shutdown", "nosave"], timeout=10)
             time.sleep(0.5)

@@ -9,8 +9,8 @@ from collections import Counter
 
 from tests.faults.checks import assert_batch_whole, attempts, infra_failures
 from tests.faults.conftest import Stack
-from tests.faults.kills import held_mid_batch, kill_holding
-from tests.helpers import jsonl, line, submit
+from tests.faults.kills import kill_holding
+from tests.helpers import held_mid_batch, jsonl, line, submit
 
 LINES = int(os.environ.get("BW_KILL_LINES", "2000"))
 KILLS = int(os.environ.get("BW_KILL_COUNT", "8"))
@@ -31,7 +31,7 @@ def test_eight_kills_over_a_big_batch(fault: Stack) -> None:
     dead: set[str] = set()
     for k in range(1, KILLS + 1):
         # Spread over the batch: each kill waits for its share of the lines to be done.
-        with held_mid_batch(fault, batch.id, LINES * k // (KILLS + 2)):
+        with held_mid_batch(fault.pg_url, batch.id, LINES * k // (KILLS + 2)):
             lost_rows.append(kill_holding(fault, proc, batch.id, dead))
         proc = fault.worker(**WORKER)
     done = assert_batch_whole(

@@ -12,8 +12,8 @@ import psycopg
 
 from tests.faults.checks import assert_batch_whole, attempts, infra_failures
 from tests.faults.conftest import Stack
-from tests.faults.kills import held_mid_batch, kill_holding, results_held
-from tests.helpers import jsonl, line, submit
+from tests.faults.kills import kill_holding
+from tests.helpers import held_mid_batch, jsonl, line, results_held, submit
 
 
 def _lines(prefix: str, n: int, max_tokens: int) -> list[dict[str, Any]]:
@@ -29,7 +29,7 @@ def test_worker_sigkill_mid_batch(fault: Stack) -> None:
     requests = _lines("kill", 100, 48)
     batch = submit(client, jsonl(requests))
     # Killed while it holds leases, mid-batch (conditions, not moments: see kills.py).
-    with held_mid_batch(fault, batch.id) as before:
+    with held_mid_batch(fault.pg_url, batch.id) as before:
         held = kill_holding(fault, first, batch.id)
     fault.worker()  # the sweeper re-queues the dead worker's rows once their lease expires
 
@@ -60,7 +60,7 @@ def test_lease_process_killed_mid_batch(fault: Stack) -> None:
     worker = fault.worker()
     requests = _lines("child", 100, 48)
     batch = submit(client, jsonl(requests))
-    with held_mid_batch(fault, batch.id):
+    with held_mid_batch(fault.pg_url, batch.id):
         end = time.monotonic() + 120
         while not _running_leases(fault, batch.id):
             assert time.monotonic() < end, "the worker never held rows"
@@ -93,7 +93,7 @@ def test_two_workers_race(fault: Stack) -> None:
     # lines' locks, which holds up lease renewal: the lease outlasts the wait below.
     fault.workers(2, BATCHWRIGHT_RESULT_QUEUE_SIZE="4", BATCHWRIGHT_LEASE_SECONDS="120")
     requests = _lines("race", 120, 32)
-    with results_held(fault):
+    with results_held(fault.pg_url):
         batch = submit(client, jsonl(requests))
         end = time.monotonic() + 90
         live = _running_leases(fault, batch.id)
