@@ -160,7 +160,13 @@ def main() -> None:
                 v, f = v2, f2
         # The engine alone with the service path's torch threads: what the path itself
         # costs, apart from the core a CPU-only worker leaves to its lease process.
-        walls["engine same"].append(alone("engine same", int(cpu["process threads"])))
+        # (The same run as the first leg when the threads are the same: not run twice.)
+        same_threads = int(cpu["process threads"])
+        if same_threads == threads:
+            walls["engine same"].append(walls["engine"][-1])
+            cpu["engine same"] = cpu["engine"]
+        else:
+            walls["engine same"].append(alone("engine same", same_threads))
         print(
             f"round {r + 1}: " + ", ".join(f"{m} {w[-1]:.2f} s" for m, w in walls.items()),
             flush=True,
