@@ -1,7 +1,7 @@
 """`batchwright run` stopped by a signal and run again: nothing lost, nothing twice.
 
-Each test drives the real command in a subprocess. Interrupts are sent once the run's
-state database holds finished lines, with its write lock held (a condition, not a delay)."""
+Each test drives the real command in a subprocess. Interrupts are sent while the run is
+stopped at a moment its state database holds finished lines (a condition, not a delay)."""
 
 from __future__ import annotations
 
@@ -61,29 +61,42 @@ def _saved_completions(database: Path) -> dict[str, str]:
     return dict(rows)
 
 
-def _hold(database: Path, at_least: int, proc: subprocess.Popen[bytes]) -> sqlite3.Connection:
-    """The state database's write lock, taken once it holds `at_least` finished lines: until
-    it is released the run can write nothing more, so it is still running when signalled,
-    however fast the engine (a 300-line run once finished between two looks)."""
+def _counts(database: Path) -> tuple[int, int] | None:
+    """(finished lines, all lines) in the run's state database; None before it has them."""
+    if not database.exists():
+        return None
+    try:
+        with sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=5) as conn:
+            row = conn.execute(
+                "SELECT count(*) FILTER (WHERE state IN ('succeeded', 'failed')), count(*) "
+                "FROM batch_requests"
+            ).fetchone()
+    except sqlite3.OperationalError:  # not created yet
+        return None
+    return int(row[0]), int(row[1])
+
+
+def _frozen_mid_run(database: Path, at_least: int, proc: subprocess.Popen[bytes]) -> None:
+    """Leaves the run stopped (SIGSTOP) at a moment its state database holds at least
+    `at_least` finished lines, and not all. Once it has lines it runs a millisecond at a time
+    between looks taken while it is stopped, so it cannot finish unseen however fast the
+    engine (a 300-line run once finished between two looks 0.1 s apart; a result write
+    takes at most result_queue_size lines, so the count passes through the middle)."""
     deadline = time.monotonic() + 300
     while True:
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "no progress in the state database"
-        if database.exists():
-            conn = sqlite3.connect(database, timeout=30, isolation_level=None)
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                row = conn.execute(
-                    "SELECT count(*) FILTER (WHERE state IN ('succeeded', 'failed')), count(*) "
-                    "FROM batch_requests"
-                ).fetchone()
-            except sqlite3.OperationalError:  # not created yet
-                row = None
-            if row is not None and row[0] >= at_least:
-                assert row[0] < row[1], "every line finished before the lock was taken"
-                return conn
-            conn.close()  # rolls back
-        time.sleep(0.005)
+        if _counts(database) is None:
+            time.sleep(0.005)
+            continue
+        proc.send_signal(signal.SIGSTOP)
+        counts = _counts(database)
+        assert counts is not None
+        if counts[0] >= at_least:
+            assert counts[0] < counts[1], f"every line finished unseen: {counts}"
+            return
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(0.001)
 
 
 def _interrupt(
@@ -95,9 +108,9 @@ def _interrupt(
     proc = subprocess.Popen(
         _cmd(path), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0
     )
-    lock = _hold(database, at_least, proc)
-    proc.send_signal(sig)
-    lock.close()  # rolls back: the run writes on (what it finished) and stops
+    _frozen_mid_run(database, at_least, proc)
+    proc.send_signal(sig)  # pending while stopped: handled as it goes on
+    proc.send_signal(signal.SIGCONT)
     seen = b""
     if times == 2:
         # Signals of one kind coalesce while pending: the second goes once the first is seen.
