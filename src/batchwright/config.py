@@ -80,6 +80,15 @@ class Settings(BaseSettings):
     # Default weight of a project in the fair share of a model (per project: `projects set`).
     default_project_weight: float = 1.0
 
+    # Online /v1/completions (relay/, online/). A request no worker starts within the queue
+    # timeout is answered 503. A worker counts as live for the relay while its key lives
+    # (it renews it every third of that); a dead one's requests go to another worker, at
+    # most `online_max_requeues` times. Events of a request stay this long in Redis.
+    online_queue_timeout_seconds: float = 60.0
+    online_worker_ttl_seconds: float = 3.0
+    online_max_requeues: int = 3
+    online_events_ttl_seconds: int = 3600
+
     @field_validator("models_file", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:

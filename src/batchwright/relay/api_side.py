@@ -1,0 +1,186 @@
+"""The API's end of the relay (redis.asyncio: one event loop holds many connections).
+
+    relay = ApiRelay(redis.asyncio.Redis.from_url(url), queue)
+    if not await relay.live_workers(model): ...        # 503 at once
+    follower = await relay.submit(request)
+    event = await follower.next()   # None: deadline passed before a worker started it
+    ...
+    await follower.cancel()          # client gone: the worker drops its rows
+    await follower.close()           # events no longer needed
+
+Memory per request is bounded: events are read `count` at a time, when asked for.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from batchwright.relay import scripts
+from batchwright.relay.keys import RelayKeys
+from batchwright.relay.messages import (
+    FIELD,
+    Event,
+    OnlineRequest,
+    Started,
+    decode_event,
+)
+from batchwright.relay.worker_side import as_pair, reap_call
+
+# Bells kept per model: enough to wake every idle worker, bounded when none listens.
+_BELLS = 1024
+
+
+class ApiRelay:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        queue: str,
+        *,
+        events_ttl_seconds: int = 3600,
+        cancel_ttl_seconds: int = 3600,
+        max_requeues: int = 3,
+        liveness_check_seconds: float = 1.0,
+        read_count: int = 64,
+    ) -> None:
+        self.redis = client
+        self.keys = RelayKeys(queue)
+        self.events_ttl_seconds = events_ttl_seconds
+        self.cancel_ttl_seconds = cancel_ttl_seconds
+        self.max_requeues = max_requeues
+        self.liveness_check_seconds = liveness_check_seconds
+        self.read_count = read_count
+        self._members = client.register_script(scripts.MEMBERS)
+        self._reap = client.register_script(scripts.REAP)
+
+    async def live_workers(self, model: str) -> list[str]:
+        live, _ = await self._members(keys=[self.keys.serving(model)], args=[self.keys.prefix])
+        return sorted(w.decode() if isinstance(w, bytes) else w for w in live)
+
+    async def reap(self, model: str) -> tuple[int, int]:
+        """Hand back what dead workers of `model` held. (requeued, lost)."""
+        _, dead = await self._members(keys=[self.keys.serving(model)], args=[self.keys.prefix])
+        requeued = lost = 0
+        for worker in dead:
+            r, lo = await self.reap_worker(worker.decode(), [model])
+            requeued, lost = requeued + r, lost + lo
+        return requeued, lost
+
+    async def reap_worker(self, worker: str, models: Iterable[str]) -> tuple[int, int]:
+        keys, args = reap_call(
+            self.keys, worker, models, self.max_requeues, self.events_ttl_seconds
+        )
+        return as_pair(await self._reap(keys=keys, args=args))
+
+    async def alive(self, worker: str) -> bool:
+        return bool(await self.redis.exists(self.keys.worker(worker)))
+
+    async def submit(self, request: OnlineRequest) -> Follower:
+        """Queue the request for the workers of its model; follow its events."""
+        follower = Follower(self, request)
+        await follower.push()
+        return follower
+
+
+class Follower:
+    """One request's events, as the API sees them: only the current attempt's, and only
+    from the worker that started it (a worker taken for dead that comes back is ignored)."""
+
+    def __init__(self, relay: ApiRelay, request: OnlineRequest) -> None:
+        self.relay = relay
+        self.request = request
+        self.raw = request.encode()
+        self.worker: str | None = None
+        self.started: Started | None = None
+        self._last_id: Any = "0-0"
+        self._buffer: list[Event] = []
+
+    @property
+    def keys(self) -> RelayKeys:
+        return self.relay.keys
+
+    async def push(self) -> None:
+        model = self.request.model
+        async with self.relay.redis.pipeline(transaction=True) as pipe:
+            pipe.lpush(self.keys.pending(model), self.raw)
+            pipe.lpush(self.keys.bell(model), b"1")
+            pipe.ltrim(self.keys.bell(model), 0, _BELLS - 1)
+            await pipe.execute()
+
+    async def resubmit(self) -> None:
+        """Queue the request again as its next attempt (its worker died mid-generation);
+        events of the earlier attempt are ignored from here on."""
+        self.request = self.request.model_copy(update={"attempt": self.request.attempt + 1})
+        self.raw = self.request.encode()
+        self.worker, self.started = None, None
+        await self.push()
+
+    async def next(self) -> Event | None:
+        """The next event that counts. Before a worker started the request: None once its
+        deadline passed (it is then cancelled, so no worker starts it later). After: waits
+        as long as the worker lives; a dead worker's request gets a `worker_lost` Failed."""
+        last_check = time.monotonic()
+        while True:
+            if self._buffer:
+                return self._buffer.pop(0)
+            if self.worker is None:
+                left = self.request.deadline - time.time()
+                if left <= 0:
+                    # Given up; a worker that took it this instant drops it (cancelled).
+                    await self.cancel()
+                    return None
+                block = min(left, self.relay.liveness_check_seconds)
+            else:
+                block = self.relay.liveness_check_seconds
+            await self._read(block)
+            if self._buffer:
+                continue
+            if time.monotonic() - last_check >= self.relay.liveness_check_seconds:
+                last_check = time.monotonic()
+                await self._check_liveness()
+
+    async def _read(self, block_seconds: float) -> None:
+        key = self.keys.events(self.request.id)
+        reply: Any = await self.relay.redis.xread(
+            {key: self._last_id},
+            count=self.relay.read_count,
+            block=max(1, int(block_seconds * 1000)),
+        )
+        for _, entries in reply or []:
+            for entry_id, fields in entries:
+                self._last_id = entry_id
+                event = decode_event(fields[FIELD])
+                if self._counts(event):
+                    self._buffer.append(event)
+
+    def _counts(self, event: Event) -> bool:
+        if event.attempt != self.request.attempt:
+            return False
+        if isinstance(event, Started):
+            if self.worker is not None:
+                return False  # another worker started it too (it was handed back)
+            self.worker, self.started = event.worker, event
+            return True
+        return event.worker == self.worker or (self.worker is None and event.type == "error")
+
+    async def _check_liveness(self) -> None:
+        if self.worker is None:
+            # A worker that died holding it before it started: hand it to another one.
+            await self.relay.reap(self.request.model)
+        elif not await self.relay.alive(self.worker):
+            await self.relay.reap_worker(self.worker, [self.request.model])
+
+    async def cancel(self) -> bool:
+        """Give the request up (client gone, deadline passed): withdrawn if still waiting,
+        else its worker drops it at its next engine step. True when it was still waiting."""
+        async with self.relay.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.keys.cancel(self.request.id), b"1", ex=self.relay.cancel_ttl_seconds)
+            pipe.lrem(self.keys.pending(self.request.model), 1, self.raw)
+            _, removed = await pipe.execute()
+        return bool(removed)
+
+    async def close(self) -> None:
+        await self.relay.redis.delete(self.keys.events(self.request.id))

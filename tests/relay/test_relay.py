@@ -1,0 +1,264 @@
+"""The relay's guarantees, end to end through Redis: one worker takes a request, events
+come back in order from the worker that started it, cancels and deadlines reach the
+worker, and a dead worker's requests go to another worker or end with an error."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import redis.asyncio as aioredis
+
+from batchwright.relay.api_side import ApiRelay
+from batchwright.relay.messages import (
+    WORKER_LOST,
+    ChoiceDelta,
+    Delta,
+    Done,
+    Failed,
+    OnlineRequest,
+    Started,
+)
+from tests.conftest import REDIS
+from tests.relay.conftest import Relays, run, wait_for
+
+
+@asynccontextmanager
+async def api(relays: Relays, **options: float) -> AsyncIterator[ApiRelay]:
+    client = aioredis.Redis.from_url(REDIS, socket_timeout=10)
+    try:
+        yield ApiRelay(client, relays.queue, **options)  # type: ignore[arg-type]
+    finally:
+        await client.aclose()
+
+
+def test_each_request_is_taken_by_exactly_one_worker(relays: Relays) -> None:
+    requests = [relays.request() for _ in range(60)]
+
+    async def submit() -> None:
+        async with api(relays) as relay:
+            for req in requests:
+                await relay.submit(req)
+
+    run(submit)
+    taken: dict[str, list[str]] = {}
+
+    def drain(name: str) -> None:
+        worker = relays.worker(name, ["m"])
+        while (got := worker.take(timeout=0.2)) is not None:
+            taken.setdefault(got.request.id, []).append(name)
+
+    threads = [threading.Thread(target=drain, args=(f"w{i}",)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(taken) == sorted(r.id for r in requests)
+    assert all(len(names) == 1 for names in taken.values())
+
+
+def test_a_worker_takes_only_its_models_and_wakes_on_a_submit(relays: Relays) -> None:
+    both = relays.worker("both", ["a", "b"])
+    only_a = relays.worker("only-a", ["a"])
+    got: list[object] = []
+    waiter = threading.Thread(target=lambda: got.append(both.take(timeout=60)))
+    waiter.start()
+    submit(relays, relays.request("b"))
+    waiter.join()
+    assert [t.request.model for t in got] == ["b"]  # type: ignore[attr-defined]
+    submit(relays, relays.request("b"))
+    assert only_a.take(timeout=0.1) is None
+    taken = both.take(timeout=5)
+    assert taken is not None and taken.request.model == "b"
+
+
+def submit(relays: Relays, req: OnlineRequest) -> None:
+    async def go() -> None:
+        async with api(relays) as relay:
+            await relay.submit(req)
+
+    run(go)
+
+
+def test_events_come_back_in_order_and_end_with_done(relays: Relays) -> None:
+    worker = relays.worker("w", ["m"])
+    req = relays.request()
+
+    async def scenario() -> list[str]:
+        async with api(relays) as relay:
+            follower = await relay.submit(req)
+            taken = worker.take(timeout=5)
+            assert taken is not None and taken.request == req
+            worker.publish([(taken.request, Started(worker="w", system_fingerprint="fp"))])
+            for text in ("Hel", "lo"):
+                delta = Delta(worker="w", choices=[ChoiceDelta(index=0, text=text, token_ids=[1])])
+                worker.publish([(taken.request, delta)])
+            worker.publish([(taken.request, Done(worker="w", completion={"id": req.id}))])
+            assert worker.finish(taken)
+            seen = []
+            while True:
+                event = await follower.next()
+                assert event is not None
+                seen.append(event.type if not isinstance(event, Delta) else event.choices[0].text)
+                if isinstance(event, Done):
+                    break
+            assert follower.started is not None and follower.started.system_fingerprint == "fp"
+            await follower.close()
+            return seen
+
+    assert run(scenario) == ["started", "Hel", "lo", "done"]
+    assert not relays.redis.exists(worker.keys.events(req.id))
+
+
+def test_no_worker_before_the_deadline_withdraws_the_request(relays: Relays) -> None:
+    req = relays.request(deadline_in=0.3)
+
+    async def scenario() -> object:
+        async with api(relays) as relay:
+            follower = await relay.submit(req)
+            return await follower.next()
+
+    assert run(scenario) is None
+    # A worker that comes up afterwards never starts it.
+    assert relays.worker("late", ["m"]).take(timeout=0.1) is None
+
+
+def test_a_cancel_reaches_the_worker_that_holds_the_request(relays: Relays) -> None:
+    worker = relays.worker("w", ["m"])
+    held, waiting = relays.request(), relays.request()
+
+    async def scenario() -> tuple[bool, bool]:
+        async with api(relays) as relay:
+            f_held = await relay.submit(held)
+            taken = worker.take(timeout=5)
+            assert taken is not None and taken.request.id == held.id
+            f_waiting = await relay.submit(waiting)
+            return await f_held.cancel(), await f_waiting.cancel()
+
+    assert run(scenario) == (False, True)  # one was taken already, the other withdrawn
+    assert worker.cancelled([held.id, "cmpl-other"]) == {held.id}
+    assert worker.take(timeout=0.1) is None
+
+
+def test_live_workers_are_those_whose_liveness_has_not_run_out(relays: Relays) -> None:
+    relays.worker("steady", ["m"])
+    short = relays.worker("short", ["m", "n"], ttl=0.2)
+
+    async def live(model: str) -> list[str]:
+        async with api(relays) as relay:
+            return await relay.live_workers(model)
+
+    assert run(lambda: live("m")) == ["short", "steady"]
+    wait_for(lambda: run(lambda: live("n")) == [], what="short's liveness to run out")
+    assert run(lambda: live("m")) == ["steady"]
+    short.announce()
+    assert run(lambda: live("n")) == ["short"]
+
+
+def test_a_dead_workers_unstarted_request_goes_to_another_worker(relays: Relays) -> None:
+    first = relays.worker("first", ["m"])
+    req = relays.request()
+
+    async def scenario() -> str:
+        async with api(relays, liveness_check_seconds=0.05) as relay:
+            follower = await relay.submit(req)
+            assert first.take(timeout=5) is not None
+            relays.kill(first)
+            second = relays.worker("second", ["m"])
+            box: list[str] = []
+
+            def serve() -> None:
+                taken = second.take(timeout=30)  # handed back by the API's reaper
+                assert taken is not None
+                second.publish([(taken.request, Started(worker="second"))])
+                box.append(taken.request.id)
+
+            thread = threading.Thread(target=serve)
+            thread.start()
+            event = await follower.next()
+            thread.join()
+            assert box == [req.id]
+            assert isinstance(event, Started)
+            return event.worker
+
+    assert run(scenario) == "second"
+
+
+def test_a_dead_workers_started_request_fails_and_a_resubmit_ignores_it(relays: Relays) -> None:
+    first = relays.worker("first", ["m"])
+    req = relays.request()
+
+    async def scenario() -> list[str]:
+        async with api(relays, liveness_check_seconds=0.05) as relay:
+            follower = await relay.submit(req)
+            taken = first.take(timeout=5)
+            assert taken is not None
+            first.publish([(taken.request, Started(worker="first"))])
+            assert isinstance(await follower.next(), Started)
+            relays.kill(first)
+            lost = await follower.next()
+            assert isinstance(lost, Failed) and lost.error["code"] == WORKER_LOST
+            assert lost.status == 503
+            await follower.resubmit()
+            second = relays.worker("second", ["m"])
+            again = second.take(timeout=5)
+            assert again is not None and again.request.attempt == 1
+            # The first worker was only frozen: what it sends now is not the client's.
+            zombie = Delta(worker="first", choices=[ChoiceDelta(index=0, text="stale")])
+            first.publish([(taken.request, zombie)])
+            fresh = Delta(worker="second", choices=[ChoiceDelta(index=0, text="fresh")])
+            second.publish([(again.request, Started(worker="second")), (again.request, fresh)])
+            seen = []
+            for _ in range(2):
+                event = await follower.next()
+                assert event is not None
+                seen.append(f"{event.type}:{event.worker}")
+            assert not first.finish(taken)  # handed back: nothing left to finish
+            return seen
+
+    assert run(scenario) == ["started:second", "delta:second"]
+
+
+def test_a_request_that_keeps_losing_its_worker_ends(relays: Relays) -> None:
+    req = relays.request()
+
+    async def scenario() -> object:
+        async with api(relays, liveness_check_seconds=0.05, max_requeues=2) as relay:
+            follower = await relay.submit(req)
+            for i in range(3):
+                worker = relays.worker(f"w{i}", ["m"])
+                assert worker.take(timeout=30) is not None
+                relays.kill(worker)
+                if i < 2:
+                    assert await relay.reap("m") == (1, 0)
+            return await follower.next()
+
+    event = run(scenario)
+    assert isinstance(event, Failed) and event.error["code"] == WORKER_LOST
+
+
+def test_a_leaving_worker_hands_back_what_it_never_started(relays: Relays) -> None:
+    leaving = relays.worker("leaving", ["m"])
+    req = relays.request()
+    submit(relays, req)
+    assert leaving.take(timeout=5) is not None
+    assert leaving.leave() == (1, 0)
+    staying = relays.worker("staying", ["m"])
+    taken = staying.take(timeout=5)
+    assert taken is not None and taken.request.id == req.id
+
+
+def test_stale_bells_do_not_keep_an_idle_worker_awake(relays: Relays) -> None:
+    worker = relays.worker("w", ["m"])
+    req = relays.request()
+
+    async def submit_and_cancel() -> None:
+        async with api(relays) as relay:
+            follower = await relay.submit(req)
+            await follower.cancel()
+
+    run(submit_and_cancel)
+    assert relays.redis.llen(worker.keys.bell("m")) == 1
+    assert worker.take(timeout=0.05) is None
+    assert relays.redis.llen(worker.keys.bell("m")) == 0
