@@ -162,7 +162,13 @@ def test_completed_cancelled_and_expired_events(
 
 def test_endpoint_cli_and_private_targets(service_env: dict[str, str]) -> None:
     strict = {**service_env, "BATCHWRIGHT_WEBHOOK_ALLOW_PRIVATE_TARGETS": "false"}
-    for url in ("http://127.0.0.1:9/hook", "http://10.1.2.3/hook", "http://[::1]/x"):
+    for url in (
+        "http://127.0.0.1:9/hook",
+        "http://10.1.2.3/hook",
+        "http://[::1]/x",
+        "http://[::127.0.0.1]:8499/",  # IPv4-compatible IPv6 of loopback
+        "http://[64:ff9b::7f00:1]:8499/",  # NAT64 of loopback
+    ):
         out = cli(strict, "add", url, "--project", "hooks-cli", check=False)
         assert out.returncode == 2 and "private, loopback" in out.stderr, out
     bad = cli(strict, "add", "ftp://example.com/x", "--project", "hooks-cli", check=False)

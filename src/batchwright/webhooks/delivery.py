@@ -13,7 +13,6 @@ import random
 import time
 from dataclasses import dataclass
 
-import httpx
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
@@ -21,8 +20,8 @@ from batchwright.config import Settings, get_settings
 from batchwright.db.models import WebhookDelivery, WebhookEndpoint
 from batchwright.db.session import session_scope
 from batchwright.errors import InvalidRequest
-from batchwright.webhooks import signing
-from batchwright.webhooks.targets import check_url
+from batchwright.webhooks import sender, signing
+from batchwright.webhooks.targets import RefusedTarget, split_url
 
 log = logging.getLogger(__name__)
 
@@ -67,24 +66,29 @@ def claim(session: Session, delivery_id: str, settings: Settings) -> Claimed | N
 
 def _send(claimed: Claimed, settings: Settings) -> tuple[bool, str | None, bool]:
     """(delivered, error, retryable)"""
-    try:
-        check_url(claimed.url, allow_private=settings.webhook_allow_private_targets)
-    except InvalidRequest as exc:
-        return False, exc.message, False
     headers = signing.headers(claimed.secret, claimed.id, int(time.time()), claimed.payload)
     try:
-        resp = httpx.post(
+        split_url(claimed.url)
+    except InvalidRequest as exc:
+        return False, exc.message, False
+    try:
+        answer = sender.post(
             claimed.url,
-            content=claimed.payload.encode(),
-            headers=headers,
+            claimed.payload.encode(),
+            headers,
             timeout=settings.webhook_timeout_seconds,
-            follow_redirects=False,
+            allow_private=settings.webhook_allow_private_targets,
         )
-    except httpx.HTTPError as exc:
+    except RefusedTarget as exc:
+        return False, exc.message, False
+    except InvalidRequest as exc:  # a name that does not resolve now may resolve later
+        return False, exc.message, True
+    except sender.FAILURES as exc:
         return False, f"{type(exc).__name__}: {exc}"[:500], True
-    if 200 <= resp.status_code < 300:
+    if 200 <= answer.status < 300:
         return True, None, False
-    return False, f"HTTP {resp.status_code}: {resp.text[:200]}", True
+    text = answer.body[:200].decode("utf-8", "replace")
+    return False, f"HTTP {answer.status}: {text}", True
 
 
 def deliver(delivery_id: str, settings: Settings | None = None) -> float | None:
