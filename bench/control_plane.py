@@ -103,6 +103,7 @@ def pg_cpu_seconds() -> float:
 def run(n: int, lines: int, max_connections: int) -> dict[str, float]:
     from sqlalchemy import func, select
 
+    from batchwright import control
     from batchwright.db.models import BatchRequest
     from batchwright.db.session import get_engine, session_scope
     from batchwright.registry import ModelSpec, Registry
@@ -125,7 +126,7 @@ def run(n: int, lines: int, max_connections: int) -> dict[str, float]:
         per = lines // 4
         batches = [submit(f"project-{p}", demo_lines(per, seed=p)) for p in range(4)]
         for batch_id in batches:
-            runner.validate_batch(batch_id, registry)
+            control.validate_batch(batch_id, registry)
         counter = Counter()
         counter.attach(get_engine(None))  # the key session_scope() uses
         engine = InstantEngine()

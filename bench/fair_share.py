@@ -33,6 +33,7 @@ def main() -> None:
     parser.add_argument("--max-rows", type=int, default=64)
     args = parser.parse_args()
 
+    from batchwright import control
     from batchwright.engine.runtime import Engine
     from batchwright.registry import ModelSpec, Registry
     from batchwright.worker import runner
@@ -61,7 +62,7 @@ def main() -> None:
 
         def start(project: str, lines: list[object]) -> tuple[str, float]:
             batch_id = submit(project, lines)
-            runner.validate_batch(batch_id, registry)
+            control.validate_batch(batch_id, registry)
             return batch_id, time.perf_counter()
 
         def wait(batch_id: str, n: int) -> float:

@@ -37,6 +37,7 @@ def main() -> None:
 
     import torch
 
+    from batchwright import control
     from batchwright.engine.runtime import Engine
     from batchwright.registry import ModelSpec, Registry
     from batchwright.worker import runner
@@ -68,7 +69,7 @@ def main() -> None:
             # A worker's lease process starts once, not inside the timing.
             runner.process("bench", registry, lambda _: engines[reuse])
             batch_id = submit("bench", file)
-            runner.validate_batch(batch_id, registry)
+            control.validate_batch(batch_id, registry)
             start = time.perf_counter()
             runner.process("bench", registry, lambda _: engines[reuse])
             elapsed = time.perf_counter() - start

@@ -83,6 +83,7 @@ def main() -> None:
 
     import torch
 
+    from batchwright import control
     from batchwright.engine.runtime import Engine
     from batchwright.engine.types import GenRequest
     from batchwright.registry import ModelSpec, Registry
@@ -122,7 +123,7 @@ def main() -> None:
             runner.set_cpu_threads(engine, runner.get_settings())
             batch_id = submit("bench", lines)
             t0 = time.perf_counter()
-            runner.validate_batch(batch_id, registry)
+            control.validate_batch(batch_id, registry)
             t_validate = time.perf_counter() - t0
             t0, cpu0 = time.perf_counter(), time.process_time()
             if sync:
@@ -145,7 +146,7 @@ def main() -> None:
             torch.set_num_threads(threads)
             assert done_lines(batch_id) == len(lines), done_lines(batch_id)
             t0 = time.perf_counter()
-            runner.finalize_batch(batch_id)
+            control.finalize_batch(batch_id)
             return t_validate, t_process, time.perf_counter() - t0
 
     modes = ("process", "threads", "sync")

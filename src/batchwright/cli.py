@@ -68,9 +68,7 @@ def serve(
     import uvicorn
 
     _check_registry()
-    uvicorn.run(
-        "batchwright.api.app:create_app", factory=True, host=host, port=port, workers=workers
-    )
+    uvicorn.run("batchwright.app:create_app", factory=True, host=host, port=port, workers=workers)
 
 
 @app.command()

@@ -39,11 +39,11 @@ def test_writes_committed_with_the_broker_down_answer_200(fault: Stack) -> None:
 
 
 def _validated(fault: Stack, prefix: str, n: int = 6) -> tuple[Any, list[dict[str, Any]]]:
-    from batchwright.worker import runner
+    from batchwright import control
 
     requests = _lines(prefix, n, 4)
     batch = submit(fault.client(), jsonl(requests))
-    runner.validate_batch(batch.id)
+    control.validate_batch(batch.id)
     return batch, requests
 
 
@@ -52,9 +52,9 @@ def test_validation_that_keeps_raising_ends_failed(
 ) -> None:
     """Whatever validation raises, the batch ends within a bounded number of re-drives
     with an error saying what happened (it used to stay `validating` for its window)."""
+    from batchwright import control
     from batchwright.batches import lifecycle
     from batchwright.config import get_settings
-    from batchwright.worker import runner
 
     client = fault.client()
     batch = submit(client, jsonl(_lines("redrive-v", 3, 4)))
@@ -67,20 +67,21 @@ def test_validation_that_keeps_raising_ends_failed(
     for _ in range(bound):  # what the sweeper's re-sends do, one interval after another
         assert client.batches.retrieve(batch.id).status == "validating"
         with pytest.raises(RecursionError):
-            runner.validate_batch(batch.id)
+            control.validate_batch(batch.id)
     done = client.batches.retrieve(batch.id)
     assert done.status == "failed", done
     assert done.errors is not None
     [err] = done.errors.data
     assert err.code == "validation_failed"
     assert "RecursionError" in (err.message or "") and f"{bound} times" in (err.message or "")
-    runner.validate_batch(batch.id)  # a late re-send is a no-op on a terminal batch
+    control.validate_batch(batch.id)  # a late re-send is a no-op on a terminal batch
     assert client.batches.retrieve(batch.id).status == "failed"
 
 
 def test_finalize_that_keeps_raising_ends_failed(
     fault: Stack, in_process: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from batchwright import control
     from batchwright.batches import output
     from batchwright.worker import runner
 
@@ -98,7 +99,7 @@ def test_finalize_that_keeps_raising_ends_failed(
         if client.batches.retrieve(batch.id).status in TERMINAL:
             break
         with pytest.raises(ValueError):
-            runner.finalize_batch(batch.id)
+            control.finalize_batch(batch.id)
     done = client.batches.retrieve(batch.id)
     assert done.status == "failed", done
     assert done.errors is not None

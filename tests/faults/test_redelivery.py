@@ -44,13 +44,14 @@ def _twice(fn: Callable[[], Any]) -> list[Any]:
 
 
 def test_tasks_run_twice_at_once(fault: Stack, in_process: Any) -> None:
+    from batchwright import control
     from batchwright.worker import runner
 
     client = fault.client()
     requests = _lines("twice", 60, 8)
     batch = submit(client, jsonl(requests))
 
-    _twice(lambda: runner.validate_batch(batch.id))
+    _twice(lambda: control.validate_batch(batch.id))
     rows = fault.scalar("SELECT count(*) FROM batch_requests WHERE batch_id = %s", batch.id)
     assert rows == len(requests)
     assert client.batches.retrieve(batch.id).status == "in_progress"
@@ -62,8 +63,8 @@ def test_tasks_run_twice_at_once(fault: Stack, in_process: Any) -> None:
     # And once more after the fact, as a late redelivery: nothing left to claim.
     assert runner.process("demo", engine_provider=provider(FakeEngine())) == 0
 
-    _twice(lambda: runner.finalize_batch(batch.id))
-    _twice(lambda: runner.finalize_batch(batch.id))
+    _twice(lambda: control.finalize_batch(batch.id))
+    _twice(lambda: control.finalize_batch(batch.id))
     files = fault.scalar("SELECT count(*) FROM files WHERE filename LIKE %s", f"{batch.id}_%")
     assert files == 1, f"{files} output/error files for one batch"
     done = assert_batch_whole(fault, client, batch.id, [r["custom_id"] for r in requests])
@@ -75,12 +76,13 @@ def test_tasks_run_twice_at_once(fault: Stack, in_process: Any) -> None:
 def test_late_write_after_lease_lost_is_dropped(fault: Stack, in_process: Any) -> None:
     """A worker that stalls past its lease: the sweeper re-queues its rows, another run
     completes them, and the stalled run's results are dropped, not written twice."""
+    from batchwright import control
     from batchwright.worker import runner
 
     client = fault.client()
     requests = _lines("late", 20, 8)
     batch = submit(client, jsonl(requests))
-    runner.validate_batch(batch.id)
+    control.validate_batch(batch.id)
 
     stalled = threading.Event()
     release = threading.Event()
@@ -101,12 +103,12 @@ def test_late_write_after_lease_lost_is_dropped(fault: Stack, in_process: Any) -
     # The lease runs out (the stalled thread's heartbeat keeps renewing it, so expire it
     # by hand, as a frozen process would let it) and the sweeper re-queues the rows.
     fault.sql("UPDATE batch_requests SET lease_expires_at = 0 WHERE batch_id = %s", batch.id)
-    assert runner.sweep()["requeued"] == len(requests)
+    assert control.sweep()["requeued"] == len(requests)
     assert runner.process("demo", engine_provider=provider(FakeEngine())) == len(requests)
     release.set()
     t.join(30)
     assert out == [0], f"the stalled run wrote {out} results after losing its lease"
-    runner.finalize_batch(batch.id)
+    control.finalize_batch(batch.id)
     done = assert_batch_whole(fault, client, batch.id, [r["custom_id"] for r in requests])
     assert done.batch.status == "completed"
     # The lost lease was the infrastructure's doing: counted apart, no attempt used.
@@ -118,6 +120,7 @@ def test_work_slice_gives_the_queue_back(
     fault: Stack, in_process: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With a 1 s slice a process run stops claiming and asks for a follow-up run."""
+    from batchwright import control
     from batchwright.config import get_settings
     from batchwright.worker import dispatch, runner
 
@@ -126,7 +129,7 @@ def test_work_slice_gives_the_queue_back(
     client = fault.client()
     requests = _lines("slice", 100, 8)
     batch = submit(client, jsonl(requests))
-    runner.validate_batch(batch.id)
+    control.validate_batch(batch.id)
     in_process.queue.clear()
     started = time.monotonic()
     landed = runner.process("demo", engine_provider=provider(FakeEngine(delay=0.05)))
@@ -136,5 +139,5 @@ def test_work_slice_gives_the_queue_back(
     assert (dispatch.PROCESS, ("demo",)) in in_process.queue
     while runner.process("demo", engine_provider=provider(FakeEngine(delay=0.0))):
         pass
-    runner.finalize_batch(batch.id)
+    control.finalize_batch(batch.id)
     assert_batch_whole(fault, client, batch.id, [r["custom_id"] for r in requests])

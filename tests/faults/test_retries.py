@@ -16,6 +16,7 @@ from tests.helpers import jsonl, submit
 
 def _drive(in_process: Any, engine: Any, batch_id: str, rounds: int = 40) -> None:
     """What follow-up messages and the sweeper do, in-process, until the batch is done."""
+    from batchwright import control
     from batchwright.db.models import Batch
     from batchwright.db.session import session_scope
     from batchwright.worker import dispatch, runner
@@ -24,10 +25,10 @@ def _drive(in_process: Any, engine: Any, batch_id: str, rounds: int = 40) -> Non
         in_process.queue.clear()
         with contextlib.suppress(RuntimeError):  # a poison line's crash; lines go back
             runner.process("demo", engine_provider=provider(engine))
-        runner.sweep()
+        control.sweep()
         for name, args in list(in_process.queue):
             if name == dispatch.FINALIZE:
-                runner.finalize_batch(*args)
+                control.finalize_batch(*args)
         with session_scope() as session:
             batch = session.get(Batch, batch_id)
             if batch is not None and batch.status == "completed":
@@ -36,12 +37,12 @@ def _drive(in_process: Any, engine: Any, batch_id: str, rounds: int = 40) -> Non
 
 
 def test_poison_line_fails_alone(fault: Stack, in_process: Any) -> None:
-    from batchwright.worker import runner
+    from batchwright import control
 
     client = fault.client()
     requests = _lines("poison", 30, 8)
     batch = submit(client, jsonl(requests))
-    runner.validate_batch(batch.id)
+    control.validate_batch(batch.id)
 
     class Crashing(FakeEngine):
         """Dies whenever the poison line is among the lines it was handed."""
@@ -65,12 +66,12 @@ def test_poison_line_fails_alone(fault: Stack, in_process: Any) -> None:
 
 
 def test_out_of_memory_splits_and_retries(fault: Stack, in_process: Any) -> None:
-    from batchwright.worker import runner
+    from batchwright import control
 
     client = fault.client()
     requests = _lines("oom", 24, 8)
     batch = submit(client, jsonl(requests))
-    runner.validate_batch(batch.id)
+    control.validate_batch(batch.id)
 
     class OutOfMemoryError(RuntimeError):
         """Named like torch.cuda.OutOfMemoryError, which the runner recognises by name."""

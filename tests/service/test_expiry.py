@@ -155,11 +155,11 @@ def test_purge_is_bounded_and_skips_locked_files(
 
 
 def test_batch_whose_input_expired_fails(client: OpenAI, service_env: dict[str, str]) -> None:
+    from batchwright import control
     from batchwright.batches.service import create_batch
     from batchwright.config import get_settings
     from batchwright.db.session import session_scope
     from batchwright.protocol.batches import CreateBatch
-    from batchwright.worker import runner
     from batchwright.worker.dispatch import InlineDispatcher, get_dispatcher, set_dispatcher
 
     pg = service_env["BATCHWRIGHT_DATABASE_URL"]
@@ -183,7 +183,7 @@ def test_batch_whose_input_expired_fails(client: OpenAI, service_env: dict[str, 
             client.batches.create(
                 input_file_id=f.id, endpoint="/v1/completions", completion_window="24h"
             )
-        runner.validate_batch(batch_id)  # the held message finally runs
+        control.validate_batch(batch_id)  # the held message finally runs
     finally:
         set_dispatcher(previous)
     failed = client.batches.retrieve(batch_id)

@@ -190,7 +190,9 @@ def test_outbox_row_is_written_with_the_status(
 
     from batchwright.db.models import Batch
     from batchwright.db.session import get_sessionmaker
+    from batchwright.webhooks import outbox
 
+    outbox.install()  # as the API, the worker and the embedded run do when they start
     key = create_key(service_env, "hooks-tx")
     client = project_client(api_url, key)
     endpoint_id, _ = add_endpoint(service_env, "hooks-tx", "http://127.0.0.1:9/never")

@@ -43,12 +43,13 @@ def test_generation_runs_on_while_result_writes_are_blocked(
     svc: Service,
     recorder: Any,  # noqa: F811
 ) -> None:
+    from batchwright import control
     from batchwright.registry import load_registry
     from batchwright.worker import runner
 
     client = svc.client(svc.key("team-loop"))
     batch = submit(client, jsonl([line(f"x{i}", {"model": "demo-b"}) for i in range(LINES)]))
-    runner.validate_batch(batch.id, load_registry())
+    control.validate_batch(batch.id, load_registry())
     engine = CountingEngine()
 
     # Hold the batch row: every result write needs it (write_results locks it first).

@@ -17,7 +17,7 @@ def recorder(service: Service, monkeypatch: pytest.MonkeyPatch) -> Iterator[list
     from batchwright.config import get_settings
     from batchwright.db.session import get_engine, get_sessionmaker
     from batchwright.worker import dispatch
-    from batchwright.worker.routing import queue_for
+    from batchwright.worker.dispatch import queue_for
 
     def reset() -> None:
         get_settings.cache_clear()
@@ -58,7 +58,7 @@ def beat(svc: Service, wid: str, models: str, *, age: float = 0.0, in_flight: in
 
 def test_a_batch_wakes_every_live_worker_of_its_model(service: Service, recorder: Any) -> None:
     from batchwright.db.session import session_scope
-    from batchwright.worker import routing
+    from batchwright.worker import dispatch, routing
     from batchwright.worker.dispatch import PROCESS
 
     queue = service.env["BATCHWRIGHT_QUEUE"]
@@ -76,4 +76,4 @@ def test_a_batch_wakes_every_live_worker_of_its_model(service: Service, recorder
         assert routing.wake(session, "demo-b") == 1
     assert recorder[-1] == (f"{queue}.model.demo-b", PROCESS, "demo-b")
     # Control work goes to the control queue.
-    assert routing.queue_for("batchwright.validate_batch", ["batch_x"]) == queue
+    assert dispatch.queue_for("batchwright.validate_batch", ["batch_x"]) == queue

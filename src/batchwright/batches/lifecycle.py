@@ -12,8 +12,8 @@ import time
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from batchwright.batches import output, quotas
-from batchwright.batches.validation import scan_input
+from batchwright.batches import output
+from batchwright.batches.validation import enforce_quotas, scan_input
 from batchwright.config import Settings
 from batchwright.db.base import now
 from batchwright.db.models import Batch, BatchRequest
@@ -44,7 +44,7 @@ def validate(session: Session, batch: Batch, registry: Registry, settings: Setti
         return
     outcome = scan_input(session, batch, registry, settings)
     if not outcome.errors:
-        quotas.enforce(session, batch, outcome)
+        enforce_quotas(session, batch, outcome)
     touch(batch)
     batch.model = outcome.model
     if outcome.errors:

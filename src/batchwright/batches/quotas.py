@@ -10,17 +10,14 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from batchwright.db.models import Batch, BatchRequest, Project
+from batchwright.db.models import Batch, Project
 from batchwright.protocol.completions import CompletionRequest
 from batchwright.registry import Registry
-
-if TYPE_CHECKING:
-    from batchwright.batches.validation import Outcome
 
 
 @lru_cache(maxsize=8)
@@ -95,16 +92,3 @@ def over_limit(session: Session, batch: Batch, lines: int, tokens: int) -> str |
             f"this batch adds {tokens}. Try again once your other batches have completed."
         )
     return None
-
-
-def enforce(session: Session, batch: Batch, outcome: Outcome) -> None:
-    """Fail the batch's validation with `token_limit_exceeded` if it is over a quota;
-    else record its tokens for the next batch's check."""
-    from batchwright.batches.validation import LineError
-
-    why = over_limit(session, batch, outcome.total, outcome.tokens)
-    if why is None:
-        batch.enqueued_tokens = outcome.tokens
-        return
-    outcome.errors.append(LineError("token_limit_exceeded", 0, why))
-    session.execute(delete(BatchRequest).where(BatchRequest.batch_id == batch.id))

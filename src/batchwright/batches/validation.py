@@ -14,7 +14,7 @@ from sqlalchemy import delete, insert
 from sqlalchemy.orm import Session
 
 from batchwright.batches.prefix_key import prefix_key
-from batchwright.batches.quotas import TokenCounter
+from batchwright.batches.quotas import TokenCounter, over_limit
 from batchwright.config import Settings
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.files.storage import iter_lines
@@ -225,3 +225,14 @@ def scan_input(session: Session, batch: Batch, registry: Registry, settings: Set
     else:
         rows.flush()
     return out
+
+
+def enforce_quotas(session: Session, batch: Batch, outcome: Outcome) -> None:
+    """Fail the batch's validation with `token_limit_exceeded` if it is over a quota;
+    else record its tokens for the next batch's check."""
+    why = over_limit(session, batch, outcome.total, outcome.tokens)
+    if why is None:
+        batch.enqueued_tokens = outcome.tokens
+        return
+    outcome.errors.append(LineError("token_limit_exceeded", 0, why))
+    session.execute(delete(BatchRequest).where(BatchRequest.batch_id == batch.id))

@@ -50,9 +50,8 @@ def get_engine(url: str | None = None) -> Engine:
 
 @lru_cache
 def get_sessionmaker(url: str | None = None) -> sessionmaker[Session]:
-    # Every session writes the webhook outbox with terminal statuses, whoever imported what.
-    from batchwright.webhooks import outbox  # noqa: F401
-
+    # Hooks on every Session (the webhook outbox) are installed by the process that composes
+    # the app, the worker or the embedded run: persistence knows no feature.
     return sessionmaker(get_engine(url), expire_on_commit=False)
 
 

@@ -42,7 +42,7 @@ def run_command(
         os.write(2, b"stopped at once; the saved state is kept\n")
 
     interrupt.install(on_second=stopped_at_once)
-    from batchwright.embedded import RunInterrupted, RunOptions, run_file
+    from batchwright.runs.embedded import RunInterrupted, RunOptions, run_file
     from batchwright.runs.report import print_report
 
     options = RunOptions(output, errors, keep_state, restart, show_progress=not quiet)

@@ -1,5 +1,5 @@
 """The in-process worker of `batchwright run`: the inline queue drained in a thread with
-the runner's own task functions (the same ones Celery calls in the service)."""
+the task functions Celery calls in the service (control.py, worker/runner.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
 
+from batchwright import control
 from batchwright.db.models import BatchRequest
 from batchwright.db.session import session_scope
 from batchwright.registry import ModelSpec
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 
 
 class InlineWorker:
-    """The in-process worker: drains the inline queue with the runner's own task functions."""
+    """The in-process worker: drains the inline queue with the service's task functions."""
 
     def __init__(
         self,
@@ -53,7 +54,7 @@ class InlineWorker:
         return engine
 
     def validate(self, batch_id: str) -> None:
-        runner.validate_batch(batch_id)
+        control.validate_batch(batch_id)
         # Lines rejected by validation count as failed before any generation starts.
         self.counts.rebase(*finished(batch_id))
 
@@ -66,15 +67,17 @@ class InlineWorker:
     def _drain(self) -> None:
         tasks: dict[str, Callable[..., object]] = {
             VALIDATE: self.validate,
-            PROCESS: functools.partial(runner.process, engine_provider=self.engine),
-            FINALIZE: runner.finalize_batch,
+            PROCESS: functools.partial(
+                runner.process, engine_provider=self.engine, on_cancel=control.finalize_batch
+            ),
+            FINALIZE: control.finalize_batch,
         }
         queue = self.dispatcher.queue
         while queue:
             name, args = queue.popleft()
             tasks[name](*args)
         # Whatever a crash or a lost wake-up left behind, the sweeper's pass picks up.
-        runner.sweep()
+        control.sweep()
         while queue:
             name, args = queue.popleft()
             tasks[name](*args)

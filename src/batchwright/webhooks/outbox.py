@@ -3,8 +3,10 @@ transaction (invariant 9), whichever code path set the status.
 
 A `before_flush` hook on every Session sees the status change and adds one delivery row per
 subscribed endpoint to the flush that writes the status, so the event commits or rolls back
-with it. After the commit a task is sent to deliver each row; if that message is lost, or a
-worker dies mid-request, the sweeper re-sends whatever is due (resend_due).
+with it. Whatever composes a process that changes batches (the API app, the Celery worker's
+tasks module, the embedded run) installs the hook (`install`). After the commit a task is
+sent to deliver each row; if that message is lost, or a worker dies mid-request, the sweeper
+re-sends whatever is due (resend_due).
 """
 
 from __future__ import annotations
@@ -91,11 +93,16 @@ def _became_terminal(batch: Batch) -> bool:
     return bool(history.added) and batch.status not in (history.deleted or ())
 
 
-@event.listens_for(Session, "before_flush")
 def _on_flush(session: Session, _context: Any, _instances: Any) -> None:
     for obj in list(session.dirty):
         if isinstance(obj, Batch) and _became_terminal(obj):
             record(session, obj)
+
+
+def install() -> None:
+    """Write the outbox with every terminal status this process flushes (idempotent)."""
+    if not event.contains(Session, "before_flush", _on_flush):
+        event.listen(Session, "before_flush", _on_flush)
 
 
 def resend_due(dispatcher: Dispatcher) -> int:

@@ -23,5 +23,5 @@ celery_app.conf.update(
     beat_schedule={
         "sweep": {"task": "batchwright.sweep", "schedule": settings.sweep_interval_seconds},
     },
-    imports=("batchwright.worker.tasks", "batchwright.worker.service"),
+    imports=("batchwright.tasks", "batchwright.worker.service"),
 )

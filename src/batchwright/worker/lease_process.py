@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
 from multiprocessing.connection import Connection
 from typing import Any
@@ -117,10 +117,18 @@ class RemoteLease:
     # Its window is ordered (newcomers first): the engine reads it only a little ahead.
     orders_ahead = True
 
-    def __init__(self, model: str, settings: Settings, stop: threading.Event) -> None:
+    def __init__(
+        self,
+        model: str,
+        settings: Settings,
+        stop: threading.Event,
+        on_cancel: Callable[[str], None],
+    ) -> None:
         self.model = model
         self.settings = settings
         self.stop = stop
+        # Called with each batch whose held lines the lease process just cancelled.
+        self.on_cancel = on_cancel
         self.token = ""
         self.more_work = False
         self.landed = 0
@@ -236,9 +244,7 @@ class RemoteLease:
             self._cancelled |= msg[1]
             self._new_cancels |= msg[1]
             # Finalizing sends messages and takes locks: not on the generation loop.
-            from batchwright.worker.runner import finalize_batch
-
-            threading.Thread(target=finalize_batch, args=(msg[2],), daemon=True).start()
+            threading.Thread(target=self.on_cancel, args=(msg[2],), daemon=True).start()
         elif kind == "stats":
             _record(msg[1])
         elif kind == "dispatch":

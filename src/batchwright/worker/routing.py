@@ -1,35 +1,18 @@
-"""Which queue a message goes to, which queues a worker serves, how many workers to wake.
+"""Which queues a worker serves and how many workers to wake.
 
-Generation work (`process`, one model) goes to that model's queue; everything else
-(validate, finalize, sweep, deliveries) to the control queue, which any worker serves,
-including a control-only worker that never imports torch.
+Every worker serves the control queue (a control-only worker nothing else, and never
+imports torch) and the queue of each model it serves; dispatch.py says which message goes
+to which queue.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
-from typing import Any
 
 from sqlalchemy.orm import Session
 
 from batchwright.config import Settings, get_settings
 from batchwright.registry import Registry, load_registry
 from batchwright.worker import heartbeat
-from batchwright.worker.dispatch import PROCESS, enqueue
-
-
-def control_queue(settings: Settings | None = None) -> str:
-    return (settings or get_settings()).queue
-
-
-def model_queue(model: str, settings: Settings | None = None) -> str:
-    return f"{control_queue(settings)}.model.{model}"
-
-
-def queue_for(name: str, args: Sequence[Any], settings: Settings | None = None) -> str:
-    if name == PROCESS and args:
-        return model_queue(str(args[0]), settings)
-    return control_queue(settings)
+from batchwright.worker.dispatch import PROCESS, control_queue, enqueue, model_queue
 
 
 def served_models(settings: Settings | None = None, registry: Registry | None = None) -> list[str]:

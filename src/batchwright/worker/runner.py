@@ -1,27 +1,18 @@
-"""What the tasks do. Celery tasks and the embedded driver both call these functions."""
+"""Generation: a model loaded once per process, and the `process` task's body (claim,
+generate, write results under a lease). Celery's task and the embedded run call it."""
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import orjson
-from sqlalchemy import select, update
-from sqlalchemy.orm import Session
-
-from batchwright.batches import lifecycle, redrive
 from batchwright.config import Settings, get_settings
-from batchwright.db.models import Batch, BatchRequest
-from batchwright.db.session import session_scope
-from batchwright.files import purge
 from batchwright.registry import ModelSpec, Registry, load_registry
-from batchwright.webhooks import outbox
-from batchwright.worker import budget, lease_process, metrics, pipeline, routing
+from batchwright.worker import lease_process, metrics, pipeline, routing
 from batchwright.worker.claims import Lease, is_out_of_memory
-from batchwright.worker.dispatch import FINALIZE, PROCESS, VALIDATE, get_dispatcher
+from batchwright.worker.dispatch import FINALIZE, PROCESS, get_dispatcher
 
 if TYPE_CHECKING:
     from batchwright.engine.runtime import Engine
@@ -62,36 +53,17 @@ def set_cpu_threads(engine: Engine, settings: Settings) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
 
 
-def validate_batch(batch_id: str, registry: Registry | None = None) -> None:
-    settings = get_settings()
-
-    def run() -> None:
-        with session_scope() as session:
-            batch = lifecycle.lock(session, batch_id)
-            if batch is not None:
-                lifecycle.validate(session, batch, registry or load_registry(settings), settings)
-
-    redrive.guarded("validation", batch_id, settings, run)
-
-
-def finalize_batch(batch_id: str) -> None:
-    settings = get_settings()
-
-    def run() -> None:
-        with session_scope() as session:
-            batch = lifecycle.lock(session, batch_id)
-            if batch is not None:
-                lifecycle.finalize(session, batch, settings)
-
-    redrive.guarded("finalization", batch_id, settings, run)
-
-
 def process(
     model: str,
     registry: Registry | None = None,
     engine_provider: Callable[[ModelSpec], Engine] = engine_for,
+    on_cancel: Callable[[str], None] | None = None,
 ) -> int:
-    """Generate for queued rows of `model` until none are left or the time slice ends."""
+    """Generate for queued rows of `model` until none are left or the time slice ends.
+
+    `on_cancel(batch_id)` runs, off the generation loop, once lines this lease held of a
+    cancelled batch are closed: the caller finalizes it there (control.finalize_batch).
+    Without one the batch's finalize is sent as a message."""
     settings = get_settings()
     spec = (registry or load_registry(settings)).get(model)
     if spec is None or not routing.serves(model, settings):
@@ -101,12 +73,13 @@ def process(
     try:
         lease: Lease | lease_process.RemoteLease
         if lease_process.wanted(settings):
-            with lease_process.RemoteLease(model, settings, SHUTDOWN) as lease:
+            remote = lease_process.RemoteLease(model, settings, SHUTDOWN, on_cancel or _finalize)
+            with remote as lease:
                 lease.run(engine)
             landed = lease.landed
         else:
             with Lease(model, settings, SHUTDOWN) as lease:
-                lease.cancels.on_batch = finalize_batch
+                lease.cancels.on_batch = on_cancel or _finalize
                 landed = pipeline.generate(
                     engine, lease, model, settings, cancelled=lease.cancelled
                 )
@@ -125,77 +98,5 @@ def process(
     return landed
 
 
-def _fail_exhausted(session: Session, settings: Settings) -> int:
-    """Lines out of either budget go to the error file with their last error."""
-    exhausted = (BatchRequest.state == "queued", budget.exhausted(settings))
-    failed = 0
-    for batch_id in session.scalars(select(BatchRequest.batch_id).where(*exhausted).distinct()):
-        # The batch first, then its lines: the lock order finalize and result writes use.
-        if lifecycle.lock(session, batch_id) is None:
-            continue
-        rows = list(
-            session.scalars(
-                select(BatchRequest)
-                .where(BatchRequest.batch_id == batch_id, *exhausted)
-                .with_for_update()
-            )
-        )
-        for row in rows:
-            reason = orjson.loads(row.error)["message"] if row.error else "unknown error"
-            row.state, row.status_code = "failed", 500
-            row.error = orjson.dumps(budget.final_error(row, reason, settings)).decode()
-        session.execute(
-            update(Batch).where(Batch.id == batch_id).values(failed=Batch.failed + len(rows))
-        )
-        failed += len(rows)
-    return failed
-
-
-def sweep() -> dict[str, int]:
-    """Re-drive what a crash, a lost message or a dead worker left behind."""
-    settings = get_settings()
-    now = time.time()
-    stats = {"requeued": 0, "exhausted": 0, "batches": 0}
-    dispatcher = get_dispatcher()
-    with session_scope() as session:
-        stats["requeued"] = session.execute(
-            update(BatchRequest)
-            .where(BatchRequest.state == "running", BatchRequest.lease_expires_at < now)
-            # A lease that ran out: its worker died or lost touch; not the lines' doing.
-            .values(state="queued", lease_token=None, lease_expires_at=None, **budget.LOST_RUN)
-        ).rowcount  # type: ignore[attr-defined]
-    # A transaction of its own: holding those line locks while waiting for a batch lock
-    # below would invert finalize's order (batch, then lines).
-    with session_scope() as session:
-        stats["exhausted"] = _fail_exhausted(session, settings)
-        pending = (
-            select(BatchRequest.id)
-            .where(
-                BatchRequest.batch_id == Batch.id,
-                BatchRequest.state.in_(lifecycle.UNFINISHED),
-            )
-            .exists()
-        )
-        batches = session.execute(
-            select(
-                Batch.id, Batch.status, Batch.model, Batch.updated_at, Batch.expires_at, pending
-            ).where(Batch.status.in_(("validating", "in_progress", "finalizing", "cancelling")))
-        ).all()
-    models: set[str] = set()
-    for batch_id, status, model, updated_at, expires_at, has_pending in batches:
-        stale = now - updated_at > settings.sweep_interval_seconds
-        expired = expires_at is not None and now >= expires_at
-        if status == "validating" and not expired:
-            if stale:  # validating for a whole interval: its message was probably lost
-                dispatcher.send(VALIDATE, batch_id)
-        elif status == "in_progress" and model and has_pending and not expired:
-            models.add(model)  # one wake-up per model, not one message per batch
-        else:
-            dispatcher.send(FINALIZE, batch_id)
-    stats["batches"] = len(batches)
-    with session_scope() as session:
-        for model in models:  # workers of the model with nothing in flight
-            routing.wake(session, model, idle_only=True)
-    purge.kick(dispatcher)
-    outbox.resend_due(dispatcher)
-    return stats
+def _finalize(batch_id: str) -> None:
+    get_dispatcher().send(FINALIZE, batch_id)

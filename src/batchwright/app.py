@@ -1,4 +1,5 @@
-"""The FastAPI application. Never imports torch."""
+"""The FastAPI application: the API's routers, the dashboard and the webhook outbox's hook
+composed into one app. Never imports torch."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from batchwright.api.guards import RejectNulInURL
 from batchwright.batches.endpoints import router as batches_router
 from batchwright.dashboard import routes as dashboard
 from batchwright.files.endpoints import router as files_router
+from batchwright.webhooks import outbox
 from batchwright.worker.dispatch import CeleryDispatcher, set_dispatcher
 
 
@@ -23,4 +25,5 @@ def create_app() -> FastAPI:
     app.include_router(dashboard.router)
     app.mount("/dashboard/static", dashboard.static, name="dashboard-static")
     set_dispatcher(CeleryDispatcher())
+    outbox.install()
     return app

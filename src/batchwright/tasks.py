@@ -1,4 +1,6 @@
-"""Thin Celery tasks: ids in, re-fetch from the database, call the runner."""
+"""Thin Celery tasks: ids in, re-fetch from the database, call the control work or the
+runner. The Celery worker imports this module (celery_app's `imports`): it composes the
+worker process, so it installs the webhook outbox's hook here."""
 
 from __future__ import annotations
 
@@ -7,10 +9,13 @@ from typing import Any
 from celery.signals import worker_shutting_down
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from batchwright import control
 from batchwright.files import purge
-from batchwright.webhooks import delivery
+from batchwright.webhooks import delivery, outbox
 from batchwright.worker import runner
 from batchwright.worker.celery_app import celery_app
+
+outbox.install()
 
 # A database that drops connections or restarts is retried with backoff.
 TRANSIENT = (OperationalError, DBAPIError)
@@ -29,22 +34,22 @@ def _stop_claiming(**_: Any) -> None:
 
 @celery_app.task(name="batchwright.validate_batch", **RETRY)
 def validate_batch(batch_id: str) -> None:
-    runner.validate_batch(batch_id)
+    control.validate_batch(batch_id)
 
 
 @celery_app.task(name="batchwright.process", **RETRY)
 def process(model: str) -> None:
-    runner.process(model)
+    runner.process(model, on_cancel=control.finalize_batch)
 
 
 @celery_app.task(name="batchwright.finalize_batch", **RETRY)
 def finalize_batch(batch_id: str) -> None:
-    runner.finalize_batch(batch_id)
+    control.finalize_batch(batch_id)
 
 
 @celery_app.task(name="batchwright.sweep", **RETRY)
 def sweep() -> None:
-    runner.sweep()
+    control.sweep()
 
 
 @celery_app.task(name="batchwright.purge_files", **RETRY)

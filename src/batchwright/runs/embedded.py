@@ -31,6 +31,7 @@ from batchwright.runs.outputs import default_paths, export
 from batchwright.runs.progress import LiveCounts, RunView
 from batchwright.runs.state import READ_BYTES, RunState, inspect_input
 from batchwright.runs.worker import InlineWorker, finished
+from batchwright.webhooks import outbox
 from batchwright.worker.dispatch import (
     VALIDATE,
     InlineDispatcher,
@@ -121,6 +122,7 @@ def run_file(
     interrupt: Interrupt | None = None,
 ) -> RunResult:
     settings = get_settings()
+    outbox.install()  # the service's own code paths, its hooks included
     info = inspect_input(input_path)
     state = RunState(settings.home, input_path)
     state.acquire()
