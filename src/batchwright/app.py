@@ -10,18 +10,21 @@ from batchwright.api.guards import RejectNulInURL
 from batchwright.batches.endpoints import router as batches_router
 from batchwright.dashboard import routes as dashboard
 from batchwright.files.endpoints import router as files_router
+from batchwright.online import endpoint as online
+from batchwright.online.runtime import lifespan
 from batchwright.webhooks import outbox
 from batchwright.worker.dispatch import CeleryDispatcher, set_dispatcher
 
 
 def create_app() -> FastAPI:
-    app = FastAPI(title="batchwright", version="0.1.0")
+    app = FastAPI(title="batchwright", version="0.1.0", lifespan=lifespan)
     errors.install(app)
     app.add_middleware(RejectNulInURL)
     app.include_router(health.router)
     metrics.install(app)
     app.include_router(files_router)
     app.include_router(batches_router)
+    app.include_router(online.router)
     app.include_router(dashboard.router)
     app.mount("/dashboard/static", dashboard.static, name="dashboard-static")
     set_dispatcher(CeleryDispatcher())

@@ -88,6 +88,12 @@ class Settings(BaseSettings):
     online_worker_ttl_seconds: float = 3.0
     online_max_requeues: int = 3
     online_events_ttl_seconds: int = 3600
+    # Usage rows (one per online request) are written in batches this often; at most this
+    # many wait in an API process while the database is away (then new ones are dropped).
+    online_usage_flush_seconds: float = 0.5
+    online_usage_buffer: int = 100_000
+    # A JSON request body (POST /v1/completions) over this is a 413 before it is read whole.
+    max_json_body_bytes: int = 16 * 1024 * 1024
 
     @field_validator("models_file", mode="before")
     @classmethod

@@ -55,6 +55,18 @@ class Conflict(APIError):
     type = "invalid_request_error"
 
 
+class RateLimited(APIError):
+    """429 as OpenAI sends it: `type` names the limit ("requests" or "tokens")."""
+
+    status_code = 429
+    type = "requests"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, limit: str) -> None:
+        super().__init__(message)
+        self.type = limit
+
+
 class Unavailable(APIError):
     status_code = 503
     type = "server_error"

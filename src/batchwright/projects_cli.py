@@ -8,7 +8,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-projects = typer.Typer(help="Project weights (fair share) and quotas.", no_args_is_help=True)
+projects = typer.Typer(
+    help="Project weights (fair share), quotas and online rate limits.", no_args_is_help=True
+)
 console = Console()
 
 NO_LIMIT = "Use 0 to remove the limit."
@@ -27,8 +29,19 @@ def projects_set(
         int | None,
         typer.Option(min=0, help=f"Prompt + max_tokens of unfinished batches. {NO_LIMIT}"),
     ] = None,
+    online_requests_per_minute: Annotated[
+        int | None,
+        typer.Option("--rpm", min=0, help=f"Online /v1/completions requests a minute. {NO_LIMIT}"),
+    ] = None,
+    online_tokens_per_minute: Annotated[
+        int | None,
+        typer.Option(
+            "--tpm", min=0, help=f"Online tokens a minute (prompt + completion). {NO_LIMIT}"
+        ),
+    ] = None,
 ) -> None:
-    """Set a project's weight and quotas; options left out keep their value."""
+    """Set a project's weight, quotas and online rate limits; options left out keep their
+    value. A request over a rate limit is answered 429 at once, with Retry-After."""
     from batchwright.auth.service import get_or_create_project
     from batchwright.db.session import session_scope
 
@@ -40,19 +53,31 @@ def projects_set(
             row.max_enqueued_lines = max_enqueued_lines or None
         if max_enqueued_tokens is not None:
             row.max_enqueued_tokens = max_enqueued_tokens or None
+        if online_requests_per_minute is not None:
+            row.online_requests_per_minute = online_requests_per_minute or None
+        if online_tokens_per_minute is not None:
+            row.online_tokens_per_minute = online_tokens_per_minute or None
     projects_list()
 
 
 @projects.command("list")
 def projects_list() -> None:
-    """Projects with their weight and quotas."""
+    """Projects with their weight, quotas and online rate limits."""
     from sqlalchemy import select
 
     from batchwright.config import get_settings
     from batchwright.db.models import Project
     from batchwright.db.session import session_scope
 
-    table = Table("project", "id", "weight", "max enqueued lines", "max enqueued tokens")
+    table = Table(
+        "project",
+        "id",
+        "weight",
+        "max enqueued lines",
+        "max enqueued tokens",
+        "online requests/min",
+        "online tokens/min",
+    )
     default = get_settings().default_project_weight
     with session_scope() as session:
         for row in session.scalars(select(Project).order_by(Project.name)):
@@ -62,5 +87,7 @@ def projects_list() -> None:
                 f"{row.weight if row.weight is not None else default:g}",
                 str(row.max_enqueued_lines or "-"),
                 str(row.max_enqueued_tokens or "-"),
+                str(row.online_requests_per_minute or "-"),
+                str(row.online_tokens_per_minute or "-"),
             )
     console.print(table)

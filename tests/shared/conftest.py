@@ -81,6 +81,14 @@ class Service:
 
 @pytest.fixture(scope="package")
 def service(bw_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    yield from run_service(bw_home, tmp_path_factory)
+
+
+def run_service(
+    bw_home: Path, tmp_path_factory: pytest.TempPathFactory, **extra_env: str
+) -> Iterator[Service]:
+    """A stack (database, queue names, API, sweeper) for a test package; `extra_env`
+    adds or overrides settings of every process it starts."""
     import redis
 
     name = f"bw_shared_{uuid.uuid4().hex[:10]}"
@@ -105,6 +113,7 @@ def service(bw_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         "BATCHWRIGHT_HEARTBEAT_SECONDS": "1",
         # Two names, two models as far as routing is concerned (same weights on disk).
         "BATCHWRIGHT_MODELS": json.dumps({"models": {"demo": model, "demo-b": model}}),
+        **extra_env,
     }
     svc = Service(env, pg_url, tmp_path_factory.mktemp("shared"))
     out = svc.cli("db", "upgrade")

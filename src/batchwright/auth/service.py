@@ -58,6 +58,11 @@ def revoke_key(session: Session, key_id: str) -> APIKey:
 
 def authenticate(session: Session, authorization: str | None) -> str:
     """Project id for a `Bearer <key>` header, or 401."""
+    return authenticate_key(session, authorization).project_id
+
+
+def authenticate_key(session: Session, authorization: str | None) -> APIKey:
+    """The live key of a `Bearer <key>` header, or 401."""
     if not authorization:
         raise Unauthorized(
             "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'."
@@ -68,4 +73,4 @@ def authenticate(session: Session, authorization: str | None) -> str:
     key = session.scalar(select(APIKey).where(APIKey.key_hash == hash_key(secret.strip())))
     if key is None or key.revoked_at is not None:
         raise Unauthorized("Incorrect API key provided.")
-    return key.project_id
+    return key

@@ -36,6 +36,9 @@ class Project(Base):
     weight: Mapped[float | None] = mapped_column(Float)
     max_enqueued_lines: Mapped[int | None] = mapped_column(BigInteger)
     max_enqueued_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    # Online /v1/completions rate limits (online/ratelimit.py); None: no limit.
+    online_requests_per_minute: Mapped[int | None] = mapped_column(BigInteger)
+    online_tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class APIKey(Base):
@@ -182,6 +185,32 @@ class Completion(Base):
     completion_tokens: Mapped[int] = mapped_column(Integer)
     total_tokens: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class OnlineUsage(Base):
+    """One online /v1/completions request and how it went (online/usage.py writes them in
+    batches, off the request path)."""
+
+    __tablename__ = "online_requests"
+    __table_args__ = (Index("ix_online_requests_project_created", "project_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # the Completion's id
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    key_id: Mapped[str | None] = mapped_column(String(40))
+    model: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[float] = mapped_column(Float)  # unix time the request arrived
+    stream: Mapped[bool] = mapped_column(default=False)
+    # The HTTP status it ended with (a stream's error event counts as its status; a client
+    # that left mid-way: 499) and the error's code.
+    status: Mapped[int] = mapped_column(Integer)
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    # Seconds from arrival to the first chunk sent (streams) and to the end.
+    time_to_first_token: Mapped[float | None] = mapped_column(Float)
+    duration: Mapped[float] = mapped_column(Float)
+    finish_reasons: Mapped[list[str] | None] = mapped_column(JSON)
+    disconnected: Mapped[bool] = mapped_column(default=False)
 
 
 class WorkerHeartbeat(Base):

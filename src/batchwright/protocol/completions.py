@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -24,7 +25,8 @@ from batchwright.protocol.base import OpenAIBaseModel
 PromptType = str | list[str] | list[int] | list[list[int]]
 
 # Every create parameter OpenAI documents for /v1/completions. `suffix`, `stream` and
-# `stream_options` are known (so they get a precise message) but not supported in a batch.
+# `stream_options` are known (so they get a precise message) but not supported in a batch;
+# the online endpoint takes `stream` and `stream_options` (validated with online=True).
 KNOWN_PARAMS = frozenset(
     {
         "model",
@@ -48,6 +50,8 @@ KNOWN_PARAMS = frozenset(
     }
 )
 _NOT_IN_BATCH = "is not supported in a batch: /v1/completions lines run to completion server-side"
+_NO_SUFFIX = "is not supported: the models served here complete text, they do not insert it"
+_STREAM_OPTIONS = frozenset({"include_usage", "include_obfuscation"})
 
 _INT64 = 2**63
 # A logit_bias key is a token id in ASCII digits: str.isdigit() also accepts "²" or "①",
@@ -132,23 +136,32 @@ class CompletionRequest(BaseModel):
 
     @field_validator("suffix")
     @classmethod
-    def _no_suffix(cls, v: str | None) -> str | None:
+    def _no_suffix(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is not None:
-            raise ValueError(f"suffix {_NOT_IN_BATCH}")
+            raise ValueError(f"suffix {_NO_SUFFIX if _online(info) else _NOT_IN_BATCH}")
         return v
 
     @field_validator("stream")
     @classmethod
-    def _no_stream(cls, v: bool | None) -> bool | None:
-        if v:
+    def _no_stream(cls, v: bool | None, info: ValidationInfo) -> bool | None:
+        if v and not _online(info):
             raise ValueError(f"stream=true {_NOT_IN_BATCH}")
         return v
 
     @field_validator("stream_options")
     @classmethod
-    def _no_stream_options(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None:
+    def _stream_options(
+        cls, v: dict[str, Any] | None, info: ValidationInfo
+    ) -> dict[str, Any] | None:
+        if v is None:
+            return v
+        if not _online(info):
             raise ValueError(f"stream_options {_NOT_IN_BATCH}")
+        for key, value in v.items():
+            if key not in _STREAM_OPTIONS:
+                raise ValueError(f"unknown option {show(key)} (known: include_usage)")
+            if not isinstance(value, bool):
+                raise ValueError(f"{key} must be a boolean, got {show(value)}")
         return v
 
     @model_validator(mode="after")
@@ -159,6 +172,23 @@ class CompletionRequest(BaseModel):
                 f"n={self.n})"
             )
         return self
+
+    @model_validator(mode="after")
+    def _streaming(self) -> CompletionRequest:
+        # As OpenAI: stream_options only with stream, and best_of > n cannot be streamed
+        # (the candidates are ranked once all are done).
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        if self.stream and self.best_of is not None and self.best_of > self.n:
+            raise ValueError(
+                f"best_of > n cannot be streamed (got best_of={self.best_of}, n={self.n}): "
+                "the candidates are ranked once all of them are done"
+            )
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
 
     # Derived views the engine uses.
     @property
@@ -182,6 +212,10 @@ class CompletionRequest(BaseModel):
     def sequences(self) -> int:
         """Sequences this line runs: one per candidate of every prompt."""
         return self.prompt_count * self.candidates
+
+
+def _online(info: ValidationInfo) -> bool:
+    return bool(info.context and info.context.get("online"))
 
 
 def _error(message: str, param: str | None, code: str | None = None) -> dict[str, Any]:
@@ -210,25 +244,27 @@ def _describe(err: Any) -> tuple[str, str | None]:
         return f"Invalid '{where}': {show(value)} is less than the minimum of {limit}.", param
     if kind == "value_error":
         msg = str(ctx.get("error", err.get("msg", "")))
-        if param is None:  # model-level check (best_of vs n)
-            param = "best_of" if "best_of" in msg else None
+        if param is None:  # model-level checks (best_of vs n, streaming)
+            param = next((p for p in ("stream_options", "best_of") if p in msg), None)
         return f"Invalid '{where if loc else param or 'body'}': {msg}.", param
     return f"Invalid '{where}': {show(value)} is not valid ({err.get('msg', kind)}).", param
 
 
 def check_completion_body(
-    body: object, max_sequences: int | None = None
+    body: object, max_sequences: int | None = None, *, online: bool = False
 ) -> tuple[CompletionRequest | None, dict[str, Any] | None]:
     """Validate a batch line's body: (request, None) or (None, OpenAI error object).
 
-    `max_sequences` caps prompts x best_of (or n) per line; None reads it from Settings."""
+    `max_sequences` caps prompts x best_of (or n) per line; None reads it from Settings.
+    `online`: the body of a POST /v1/completions, where `stream` and `stream_options` are
+    allowed; every other check (and its message) is the batch line's."""
     if not isinstance(body, dict):
         return None, _error("The request body must be a JSON object.", None, "invalid_body")
     for key in body:
         if key not in KNOWN_PARAMS:
             return None, _error(f"Unrecognized request argument supplied: {key[:64]}", key[:64])
     try:
-        req = CompletionRequest.model_validate(body)
+        req = CompletionRequest.model_validate(body, context={"online": online})
     except ValidationError as exc:
         errors = exc.errors()
         # Prefer the error of the simplest union branch for prompt (several branches fail).

@@ -79,6 +79,8 @@ class Started(_Event):
 
     type: Literal["started"] = "started"
     system_fingerprint: str | None = None
+    # Prompt tokens of the request (all prompts), for the usage of one that never finishes.
+    prompt_tokens: int | None = None
 
 
 class Delta(_Event):

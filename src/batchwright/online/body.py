@@ -1,0 +1,44 @@
+"""The JSON body of an online request, read only after the key was checked and never
+past the cap: a body over it is a 413 before it is held in memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.requests import ClientDisconnect, Request
+
+from batchwright.errors import InvalidRequest, PayloadTooLarge
+
+
+class ClientGone(Exception):
+    """The client left while sending its body."""
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone() from None
+    try:
+        return orjson.loads(b"".join(chunks))
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(
+            f"We could not parse the JSON body of your request: {exc}.", code="invalid_json"
+        ) from None
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"The request body is over {limit} bytes (BATCHWRIGHT_MAX_JSON_BODY_BYTES).",
+        code="request_too_large",
+    )
