@@ -12,7 +12,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from sqlalchemy import or_, select
 
-from batchwright.api.deps import SessionDep
+from batchwright.api.deps import SessionDep, SettingsDep
 from batchwright.auth.service import authenticate
 from batchwright.batches import service as batches
 from batchwright.dashboard import auth, views
@@ -165,7 +165,7 @@ def download(file_id: str, request: Request, session: SessionDep) -> Response:
 
 
 @router.get("/service")
-def service_page(request: Request, session: SessionDep) -> Response:
+def service_page(request: Request, session: SessionDep, settings: SettingsDep) -> Response:
     project = auth.signed_in_project(request, session)
     if project is None:
         return _login()
@@ -173,7 +173,7 @@ def service_page(request: Request, session: SessionDep) -> Response:
         request,
         "service.html",
         queues=views.queue_depth(session),
-        workers=views.workers(session),
+        workers=views.workers(session, settings),
         live=True,
         tab="service",
     )

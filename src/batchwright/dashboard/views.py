@@ -6,10 +6,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, inspect, select, text
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from batchwright.db.models import Batch, BatchRequest
+from batchwright.config import Settings
+from batchwright.db.models import Batch, BatchRequest, WorkerHeartbeat
+from batchwright.worker.heartbeat import live_after
 
 TERMINAL = {"completed", "failed", "cancelled", "expired"}
 
@@ -76,9 +78,7 @@ def batch_view(batch: Batch, now: float | None = None) -> BatchView:
 
 
 def line_errors(session: Session, batch: Batch, limit: int = 100) -> list[dict[str, Any]]:
-    """Failed lines (line, code, message), from the rows; file-level errors come first."""
-    import orjson
-
+    """Failed lines (line, code, param, message), from the rows; file-level errors first."""
     rows: list[dict[str, Any]] = [dict(e) for e in batch.errors or []]
     query = (
         select(BatchRequest.line_no, BatchRequest.custom_id, BatchRequest.state, BatchRequest.error)
@@ -90,16 +90,27 @@ def line_errors(session: Session, batch: Batch, limit: int = 100) -> list[dict[s
         .limit(limit)
     )
     for line_no, custom_id, state, error in session.execute(query):
-        body = orjson.loads(error) if error else {}
-        rows.append(
-            {
-                "line": line_no,
-                "custom_id": custom_id,
-                "code": body.get("code") or f"batch_{state}",
-                "message": body.get("message") or f"The batch was {state} before this line ran.",
-            }
-        )
+        rows.append({"line": line_no, "custom_id": custom_id, **_line_error(state, error)})
     return rows
+
+
+def _line_error(state: str, error: str | None) -> dict[str, Any]:
+    """The line's own error (code, param, message); `batch_<state>` only for a line that
+    never ran and so has none."""
+    import orjson
+
+    body = orjson.loads(error) if error else None
+    if not isinstance(body, dict):
+        return {
+            "code": f"batch_{state}",
+            "param": None,
+            "message": f"The batch was {state} before this line ran.",
+        }
+    return {
+        "code": body.get("code"),
+        "param": body.get("param"),
+        "message": body.get("message") or "",
+    }
 
 
 def queue_depth(session: Session) -> list[tuple[str, int, int]]:
@@ -118,18 +129,30 @@ def queue_depth(session: Session) -> list[tuple[str, int, int]]:
     return [(str(model), int(q), int(r)) for model, q, r in session.execute(query)]
 
 
-def workers(session: Session) -> list[dict[str, Any]] | None:
-    """Live workers from the heartbeat table, or None where this deployment records none.
+@dataclass
+class WorkerView:
+    beat: WorkerHeartbeat
+    live: bool
+    seen: str
+    silent_for: str
 
-    Hook for the service's worker heartbeats (a `worker_heartbeats` table with id, models,
-    last_seen and, when present, rows_in_flight and tokens_per_second)."""
-    if not inspect(session.get_bind()).has_table("worker_heartbeats"):
-        return None
-    try:
-        with session.begin_nested():
-            rows = session.execute(
-                text("SELECT * FROM worker_heartbeats ORDER BY last_seen DESC LIMIT 100")
-            ).mappings()
-            return [dict(row) | {"seen": stamp(row["last_seen"])} for row in rows]
-    except Exception:
-        return None
+
+def workers(session: Session, settings: Settings, now: float | None = None) -> list[WorkerView]:
+    """Workers from their heartbeats, live ones first. A worker is gone once its heartbeat
+    is as stale as /v1/models judges it: a SIGKILLed worker's last row shows what it was
+    doing when it died, not what it is doing now."""
+    now = now or time.time()
+    cutoff = live_after(settings)
+    rows = session.scalars(
+        select(WorkerHeartbeat).order_by(WorkerHeartbeat.last_seen.desc()).limit(100)
+    )
+    views = [
+        WorkerView(
+            beat=beat,
+            live=beat.last_seen > cutoff,
+            seen=stamp(beat.last_seen),
+            silent_for=duration(now - beat.last_seen),
+        )
+        for beat in rows
+    ]
+    return sorted(views, key=lambda v: not v.live)  # stable: newest first within each
