@@ -1,5 +1,5 @@
 """The CLI client for a running service, on the official openai SDK: `batchwright files`,
-`batches`, `models` (base URL and key from OPENAI_BASE_URL / OPENAI_API_KEY or flags),
+`batches`, `models`, `complete` (base URL and key from OPENAI_BASE_URL / OPENAI_API_KEY or flags),
 plus `keys list` and `--version`."""
 
 from __future__ import annotations
@@ -33,10 +33,12 @@ def _main(
 def register(app: typer.Typer, keys: typer.Typer) -> None:
     """Add the client's commands to the `batchwright` app."""
     from batchwright.client import batches, files, models
+    from batchwright.client.complete import complete
     from batchwright.client.keys import keys_list
 
     app.callback()(_main)
     app.add_typer(files.app, name="files")
     app.add_typer(batches.app, name="batches")
     app.add_typer(models.app, name="models")
+    app.command("complete")(complete)
     keys.command("list")(keys_list)

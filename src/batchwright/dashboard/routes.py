@@ -15,7 +15,7 @@ from sqlalchemy import or_, select
 from batchwright.api.deps import SessionDep, SettingsDep
 from batchwright.auth.service import authenticate
 from batchwright.batches import service as batches
-from batchwright.dashboard import auth, views
+from batchwright.dashboard import auth, online, views
 from batchwright.db.base import now
 from batchwright.db.models import Batch, File
 from batchwright.db.session import get_sessionmaker
@@ -88,7 +88,12 @@ def batch_list(request: Request, session: SessionDep) -> Response:
     )
     items = [views.batch_view(b) for b in rows]
     return _page(
-        request, "batches.html", items=items, live=any(i.live for i in items), tab="batches"
+        request,
+        "batches.html",
+        items=items,
+        online=online.online_usage(session, project),
+        live=any(i.live for i in items),
+        tab="batches",
     )
 
 
