@@ -62,3 +62,15 @@ def test_complete_without_a_worker_says_so_in_one_line(svc: Service) -> None:
         "error: the service answered 503: No worker is serving model 'demo' right now (none "
         "has a live heartbeat); start one (`batchwright worker --models demo`) or retry later."
     ]
+
+
+def test_metrics_count_online_requests_by_status(svc: Service) -> None:
+    key = svc.key("team-metrics")
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {"model": "demo-b", "prompt": "x", "stream": True}
+    for _ in range(2):
+        answer = httpx.post(svc.api_url + "/v1/completions", json=body, headers=headers)
+        assert answer.status_code == 503
+    text = httpx.get(svc.api_url + "/metrics").text
+    series = 'batchwright_online_requests_total{model="demo-b",status="503",stream="true"}'
+    assert f"{series} 2.0" in text
