@@ -51,6 +51,11 @@ class ModelSpec(BaseModel):
     # also give way to new rows when the KV budget runs out). Default: on CUDA the whole
     # pool (allocated anyway), elsewhere 8192 (memory a CPU worker keeps resident).
     prefix_cache_tokens: int | None = None
+    # Rows kept free of batch lines for online requests (POST /v1/completions). 0: an
+    # online request takes batch rows when none are free (engine/preempt.py), at the next
+    # step either way; a reserve only spares the preempted lines' recomputation, and costs
+    # the batch those rows whether online traffic comes or not.
+    online_rows: int = Field(default=0, ge=0)
 
 
 class Registry(BaseModel):

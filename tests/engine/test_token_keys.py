@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from batchwright.engine.result import _top_dict
+from batchwright.engine.result import top_dict
 
 
 def _fragments(engine: Any) -> list[int]:
@@ -25,7 +25,7 @@ def test_byte_fragments_have_distinct_keys(engine: Any) -> None:
     assert not any(engine.token_text(t).startswith("bytes:") for t in range(3, 60))
     # Two fragments among the top tokens: two entries, the chosen one with its own logprob.
     a, b = frags[:2]
-    top = _top_dict([(a, -1.0), (b, -2.0)], 2, b, -2.0, engine.token_text)
+    top = top_dict([(a, -1.0), (b, -2.0)], 2, b, -2.0, engine.token_text)
     assert top == {engine.token_text(a): -1.0, engine.token_text(b): -2.0}
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from batchwright.engine.jobs import Job, Seq, bad_request
-from batchwright.engine.types import GenRequest, GenResult
+from batchwright.engine.types import WAKE, GenRequest, GenResult
 
 if TYPE_CHECKING:
     from batchwright.engine.runtime import Engine
@@ -44,6 +44,18 @@ class Unit:
     @property
     def prompt(self) -> list[int]:
         return self.job.prompts[self.prompt_index]
+
+
+def units_of(job: Job) -> list[Unit]:
+    """A unit per prompt of `job`, with that prompt's candidates."""
+    return [
+        Unit(job, p, [s for s in job.seqs if s.prompt_index == p]) for p in range(len(job.prompts))
+    ]
+
+
+def _order(unit: Unit) -> tuple[bool, int]:
+    # Preempted lines first (engine/preempt.py), then the longest generations.
+    return not unit.job.requeued, -unit.job.req.max_tokens
 
 
 class Intake:
@@ -92,8 +104,8 @@ class Intake:
                 if self.exhausted:
                     break
                 wait = self._ready is None or (idle and not units)
-                yield from self._read(wait=wait)
-                if not wait and not self.pending:
+                woke = yield from self._read(wait=wait)
+                if (woke or not wait) and not self.pending:
                     break  # nothing ready: the rows running go on without it
                 continue
             at = 0
@@ -145,6 +157,13 @@ class Intake:
         self._forget([u for u in self.pending if u.job.key in keys])
         self.pending = [u for u in self.pending if u.job.key not in keys]
 
+    def requeue(self, job: Job) -> None:
+        """`job` waits again, ahead of the lines that never ran (engine/preempt.py)."""
+        units = units_of(job)
+        self.pending[:0] = units
+        self._groups.update(u.job.group for u in units)
+        self.pending.sort(key=_order)  # stable
+
     def _forget(self, units: list[Unit]) -> None:
         self._groups.subtract(u.job.group for u in units)
         self._groups += Counter()  # drops groups with none left
@@ -162,10 +181,11 @@ class Intake:
             "context_length_exceeded",
         )
 
-    def _read(self, *, wait: bool) -> Generator[GenResult, None, None]:
+    def _read(self, *, wait: bool) -> Generator[GenResult, None, bool]:
         """Read requests into `pending` up to the window, longest generation first: from
         a source with `ready()` what it holds ready (waiting for up to max_rows when
-        `wait`), from any other a whole window.
+        `wait`), from any other a whole window. Returns True when the source ended the
+        wait with WAKE (engine/types.py).
 
         Admitting long generations first leaves the short ones for the end of the input, so
         the batch stays full until close to the end instead of draining on a few long rows.
@@ -177,10 +197,14 @@ class Intake:
             # starting on the first request alone would only fill the rows a few at a time.
             room = min(room, max(self.e.max_rows if wait else 0, self._ready()))
         units: list[Unit] = []
+        woke = False
         for _ in range(room):
             greq = next(self.it, None)
             if greq is None:
                 self.exhausted = True
+                break
+            if greq is WAKE:
+                woke = True
                 break
             job = self.e.prepare(greq)
             if isinstance(job, GenResult):
@@ -194,10 +218,9 @@ class Intake:
             if job.done:
                 yield self.e.result(job)
                 continue
-            for p in range(len(job.prompts)):
-                seqs = [s for s in job.seqs if s.prompt_index == p]
-                units.append(Unit(job, p, seqs))
+            units += units_of(job)
         if units:
             self.pending.extend(units)
             self._groups.update(u.job.group for u in units)
-            self.pending.sort(key=lambda u: -u.job.req.max_tokens)  # stable
+            self.pending.sort(key=_order)  # stable
+        return woke

@@ -83,6 +83,9 @@ class Job:
     # Prompt tokens served from the prefix cache, per prompt, at its first prefill.
     cached_tokens: dict[int, int] = field(default_factory=dict)
     group: Any = None  # GenRequest.group
+    online: bool = False  # ahead of batch lines, never preempted (engine/online.py)
+    admitted: int = 0  # the admission round of its latest rows (youngest are preempted first)
+    requeued: bool = False  # preempted: back at the front of the waiting lines
     id: str = field(default_factory=lambda: "cmpl-" + secrets.token_urlsafe(18))
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -95,7 +98,7 @@ class Job:
         return self.req.echo and self.req.logprobs is not None
 
 
-def _row_rng(seed: int | None, prompt_index: int, cand: int) -> random.Random:
+def row_rng(seed: int | None, prompt_index: int, cand: int) -> random.Random:
     if seed is None:
         return random.Random(secrets.randbits(64))
     # A string seed is hashed with SHA-512 by `random`: stable across processes and hosts.
@@ -179,7 +182,7 @@ def prepare(
                     frequency_penalty=req.frequency_penalty,
                     logit_bias=bias,
                     logprobs=req.logprobs,
-                    rng=_row_rng(req.seed, p, c),
+                    rng=row_rng(req.seed, p, c),
                 )
                 job.seqs.append(Seq(job, p, c, params, StopChecker(stops, decode)))
     else:

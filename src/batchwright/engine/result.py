@@ -17,7 +17,7 @@ from batchwright.protocol.completions import (
 TokenText = Callable[[int], str]
 
 
-def _top_dict(
+def top_dict(
     top: list[tuple[int, float]], k: int, chosen: int, chosen_lp: float, tok: TokenText
 ) -> dict[str, float]:
     out: dict[str, float] = {}
@@ -28,14 +28,16 @@ def _top_dict(
     return out
 
 
-class _LogprobsBuilder:
-    def __init__(self, tok: TokenText, piece: TokenText, k: int) -> None:
+class LogprobsBuilder:
+    """Logprobs entries in order; `pos` is the text offset of the next one."""
+
+    def __init__(self, tok: TokenText, piece: TokenText, k: int, pos: int = 0) -> None:
         self.tok, self.piece, self.k = tok, piece, k
         self.tokens: list[str] = []
         self.lps: list[float | None] = []
         self.tops: list[dict[str, float] | None] = []
         self.offsets: list[int] = []
-        self.pos = 0
+        self.pos = pos
 
     def add(self, tid: int, lp: float | None, top: dict[str, float] | None) -> None:
         self.tokens.append(self.tok(tid))
@@ -43,6 +45,18 @@ class _LogprobsBuilder:
         self.tops.append(top)
         self.offsets.append(self.pos)
         self.pos += len(self.piece(tid))
+
+    def add_prompt(self, job: Job, prompt_index: int) -> None:
+        """The prompt's tokens with their scores (echo with logprobs; the first None)."""
+        lps, tops = job.prompt_scores[prompt_index]
+        for i, tid in enumerate(job.prompts[prompt_index]):
+            top, lp = tops[i], lps[i]
+            t = None if top is None or lp is None else top_dict(top, self.k, tid, lp, self.tok)
+            self.add(tid, lp, t)
+
+    def add_generated(self, seq: Seq, index: int) -> None:
+        tid, lp = seq.out_ids[index], seq.out_lps[index]
+        self.add(tid, lp, top_dict(seq.out_tops[index], self.k, tid, lp, self.tok))
 
     def build(self) -> Logprobs:
         return Logprobs(
@@ -53,36 +67,47 @@ class _LogprobsBuilder:
         )
 
 
+def generated_ids(seq: Seq) -> list[int]:
+    """The tokens a choice's text comes from (its EOS left out)."""
+    return seq.out_ids[:-1] if seq.ended_by_eos else list(seq.out_ids)
+
+
+def choice_text(seq: Seq, decode: Decode) -> str:
+    """A finished candidate's generated text (before its stop sequence)."""
+    text = decode(generated_ids(seq))
+    return text[: seq.stop_at] if seq.stop_at is not None else text
+
+
+def kept_tokens(seq: Seq, text: str, piece: TokenText) -> int:
+    """Generated tokens listed in a finished candidate's logprobs: all but its EOS, and
+    with a stop sequence those that start inside `text` (tokens past it were generated but
+    are not part of the text)."""
+    ids = generated_ids(seq)
+    if seq.stop_at is None:
+        return len(ids)
+    pos = 0
+    for i, tid in enumerate(ids):
+        if pos >= len(text):
+            return i
+        pos += len(piece(tid))
+    return len(ids)
+
+
 def _choice(
     job: Job, seq: Seq, index: int, decode: Decode, tok: TokenText, piece: TokenText
 ) -> CompletionChoice:
     req = job.req
-    gen_ids = seq.out_ids[:-1] if seq.ended_by_eos else list(seq.out_ids)
-    text = decode(gen_ids)
-    if seq.stop_at is not None:
-        text = text[: seq.stop_at]
+    text = choice_text(seq, decode)
     echo = job.echo_texts[seq.prompt_index] if req.echo else ""
     logprobs = None
     if req.logprobs is not None:
-        k = req.logprobs
-        b = _LogprobsBuilder(tok, piece, k)
+        b = LogprobsBuilder(tok, piece, req.logprobs)
         if req.echo:
-            prompt = job.prompts[seq.prompt_index]
-            lps, tops = job.prompt_scores[seq.prompt_index]
-            for i, tid in enumerate(prompt):
-                top, lp = tops[i], lps[i]
-                b.add(
-                    tid, lp, None if top is None or lp is None else _top_dict(top, k, tid, lp, tok)
-                )
+            b.add_prompt(job, seq.prompt_index)
             # Offsets of generated tokens continue after the echoed prompt text.
             b.pos = len(echo)
-        start = b.pos
-        for i, tid in enumerate(gen_ids):
-            # Tokens past the stop sequence were generated but are not part of the text.
-            if seq.stop_at is not None and b.pos - start >= len(text):
-                break
-            lp = seq.out_lps[i]
-            b.add(tid, lp, _top_dict(seq.out_tops[i], k, tid, lp, tok))
+        for i in range(kept_tokens(seq, text, piece)):
+            b.add_generated(seq, i)
         logprobs = b.build()
     finish = seq.finish or "length"
     return CompletionChoice(

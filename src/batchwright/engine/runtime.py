@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -17,6 +17,9 @@ from batchwright.engine.result import build_result
 from batchwright.engine.token_keys import TokenKeys
 from batchwright.engine.types import GenRequest, GenResult
 from batchwright.registry import ModelSpec
+
+if TYPE_CHECKING:
+    from batchwright.engine.online import OnlineFeed
 
 # Top-k over the prompt's positions is computed in slices of this many positions so the
 # float32 log-softmax of a long prompt never materialises at once.
@@ -55,6 +58,10 @@ class Engine:
         """The token as logprobs write it (`bytes:\\xNN` for byte fragments)."""
         return self._keys.key(token)
 
+    def token_piece(self, token: int) -> str:
+        """The token decoded on its own (what `text_offset` counts)."""
+        return self._keys.text(token)
+
     # --- requests ------------------------------------------------------------------------
 
     def prepare(self, greq: GenRequest) -> Job | GenResult:
@@ -74,19 +81,21 @@ class Engine:
             fingerprint=self.system_fingerprint,
             decode=self.decode,
             tok=self.token_text,
-            piece=self._keys.text,
+            piece=self.token_piece,
         )
 
     def run(
         self,
         requests: Iterable[GenRequest],
         cancelled: Callable[[], AbstractSet[Any]] | None = None,
+        online: OnlineFeed | None = None,
     ) -> Iterator[GenResult]:
         """Results as requests complete. `cancelled`, called at most once per step, returns
-        request keys to drop at once (running or waiting); no result comes for them."""
+        request keys to drop at once (running or waiting); no result comes for them.
+        `online`: requests admitted ahead of `requests`, streamed (engine/online.py)."""
         from batchwright.engine.scheduler import Scheduler
 
-        return Scheduler(self).run(requests, cancelled)
+        return Scheduler(self).run(requests, cancelled, online)
 
     # --- cache ---------------------------------------------------------------------------
 

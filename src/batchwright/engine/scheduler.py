@@ -30,6 +30,7 @@ from batchwright.engine.backends import VarlenArgs
 from batchwright.engine.graphs import DecodeGraphs, capture_for
 from batchwright.engine.intake import Intake, Unit
 from batchwright.engine.jobs import Seq
+from batchwright.engine.online import Lane, OnlineFeed
 from batchwright.engine.padded import padded_decode, padded_prefill
 from batchwright.engine.sampler import Sampler
 from batchwright.engine.sampling import StepOut
@@ -73,17 +74,23 @@ class Scheduler:
         self._pending: Outputs | None = None
 
     def run(
-        self, requests: Iterable[GenRequest], cancelled: Cancelled | None = None
+        self,
+        requests: Iterable[GenRequest],
+        cancelled: Cancelled | None = None,
+        online: OnlineFeed | None = None,
     ) -> Iterator[GenResult]:
         intake = Intake(self.e, requests)
+        # Online requests go first, taking batch rows when none are free (online.py).
+        lane = self.lane = Lane(self, intake, online)
         try:
             while True:
                 if cancelled is not None:
                     self._cancel(intake, cancelled())
                 s = self.slots
-                kv_cost, prompt_cost = prefix.admission_costs(self.prefix, self._kv_cost)
-                units = yield from intake.admit(
-                    s.free_count,
+                units = yield from lane.admit()
+                kv_cost, prompt_cost = prefix.admission_costs(self.prefix, self.kv_cost)
+                batch = yield from intake.admit(
+                    lane.batch_rows(bool(units)),
                     packed=self.e.lm.varlen,
                     kv_free=self.cache.alloc.free,
                     kv_cost=kv_cost,
@@ -91,19 +98,22 @@ class Scheduler:
                     running=self._running,
                     idle=not s.live,
                 )
+                lane.started(batch)
+                units += batch
                 if not units and not intake.pending:
                     # Rows move only when no step's tokens are still to be recorded.
-                    yield from self._drain()
+                    yield from self._emit(self._drain())
                     self._compact()
-                if not units and not s.live and intake.pending:
+                if not units and not s.live and intake.pending and not lane.waiting:
                     cache = self.cache
                     yield intake.reject_head((cache.alloc.num_blocks - 1) * cache.block_size)
                     continue
                 if units or s.live:
-                    yield from self._step(units)
+                    yield from self._emit(self._step(units))
                 else:
-                    yield from self._drain()
-                if not units and not s.live and self._pending is None and intake.drained:
+                    yield from self._emit(self._drain())
+                idle = not units and not s.live and self._pending is None
+                if idle and intake.drained and not lane.waiting:
                     return
         finally:
             self.slots.release_all()
@@ -111,7 +121,7 @@ class Scheduler:
     def _running(self) -> Counter[Hashable]:
         return Counter(q.job.group for q in self.slots.seqs if q is not None)
 
-    def _kv_cost(self, unit: Unit) -> int:
+    def kv_cost(self, unit: Unit) -> int:
         return self.cache.blocks_needed(len(unit.prompt), _max_new(unit), len(unit.seqs))
 
     def _cancel(self, intake: Intake, keys: AbstractSet[Any]) -> None:
@@ -119,10 +129,16 @@ class Scheduler:
         if not keys:
             return
         intake.drop(keys)
+        self.lane.drop(keys)
         gone = [i for i, s in enumerate(self.slots.seqs) if s is not None and s.job.key in keys]
         if gone:
             self.slots.finish(gone)
             self.sampler.release(gone)
+
+    def _emit(self, done: list[GenResult]) -> list[GenResult]:
+        """The step's deltas of streamed requests go out before its results."""
+        self.lane.emit()
+        return done
 
     def _compact(self) -> None:
         moved = self.slots.compact()

@@ -15,11 +15,19 @@ class GenRequest:
     validation once, but the engine re-parses it: it is the authority on semantics).
     `group` (the worker: the batch) shares the rows between groups when several wait:
     the group with the fewest running rows is admitted first (engine/intake.py).
+    `stream`: an online request (engine/online.py) whose choices are sent as they grow,
+    one delta per engine step (engine/streaming.py).
     """
 
     key: Any
     body: dict[str, Any]
     group: Any = None
+    stream: bool = False
+
+
+# A request source may yield WAKE to end the engine's wait for input without a request
+# (the worker's engine host does when an online request arrives while it waits for lines).
+WAKE = GenRequest(key=None, body={})
 
 
 @dataclass

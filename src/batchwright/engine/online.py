@@ -1,0 +1,184 @@
+"""Online requests in the engine: admitted at the next step, ahead of every batch line.
+
+`Engine.run(requests, online=feed)`: at each step the scheduler takes the online
+requests that arrived (`feed.take()`) and admits them before any waiting batch line, in
+the order they came. When the rows or the KV budget are full of batch rows, batch lines
+give theirs up, the youngest first (engine/preempt.py); online requests never take rows
+from each other (one that does not fit waits for online rows to end, and batch lines
+wait behind it). A model's `online_rows` (registry) keeps that many rows free of batch
+lines.
+
+Each step, every streamed request (`GenRequest.stream`) whose choices gained something
+gets one `feed.emit(key, deltas)` (engine/streaming.py), before the step's results are
+yielded: a request's last delta always comes before its result. Online results come out
+of `run` like any other; which keys are online is the caller's to know.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Set
+from typing import TYPE_CHECKING, Any, Protocol
+
+from batchwright.engine import preempt
+from batchwright.engine.intake import Intake, Unit, units_of
+from batchwright.engine.jobs import bad_request
+from batchwright.engine.streaming import Delta, JobStream
+from batchwright.engine.types import GenRequest, GenResult
+
+if TYPE_CHECKING:
+    from batchwright.engine.scheduler import Scheduler
+
+
+class OnlineFeed(Protocol):
+    def take(self) -> list[GenRequest]:
+        """Online requests that arrived since the last call (never waits)."""
+        ...
+
+    def emit(self, key: Any, deltas: list[Delta]) -> None:
+        """What the choices of a streamed request gained in one step."""
+        ...
+
+    def preempted(self, lines: int, rows: int) -> None:
+        """Batch lines (and their rows) that gave their rows to online requests."""
+        ...
+
+
+class Lane:
+    """The online requests of one run: waiting (in arrival order) and streaming."""
+
+    def __init__(self, sched: Scheduler, intake: Intake, feed: OnlineFeed | None) -> None:
+        self.s = sched
+        self.intake = intake
+        self.feed = feed
+        self.waiting: list[Unit] = []
+        self.streams: dict[Any, JobStream] = {}
+        rows = sched.e.max_rows
+        self.reserve = max(0, min(sched.e.spec.online_rows, rows - 1))
+        self._round = 0
+
+    # --- admission ---------------------------------------------------------------------
+
+    def admit(self) -> Generator[GenResult, None, list[Unit]]:
+        """Online units for this step (batch rows preempted as needed); yields results
+        of online requests that end without a row (errors, echo scoring only)."""
+        self._round += 1
+        if self.feed is None:
+            return []
+        for greq in self.feed.take():
+            yield from self._prepare(greq)
+        units: list[Unit] = []
+        rows = blocks = tokens = 0
+        s = self.s
+        alloc = s.cache.alloc
+        while self.waiting:
+            unit = self.waiting[0]
+            if s.kv_cost(_first(unit)) > alloc.num_blocks - 1:
+                yield self._reject(unit)
+                continue
+            if units and tokens + len(unit.prompt) > s.e.max_batch_tokens:
+                break
+            # A plain cost (no prefix reuse counted) is an upper bound: preemption may free
+            # a little more than needed, never less.
+            while (
+                len(unit.seqs) > s.slots.free_count - rows or s.kv_cost(unit) > alloc.free - blocks
+            ) and self._preempt():
+                pass
+            take = min(len(unit.seqs), s.slots.free_count - rows)
+            while take > 0 and s.kv_cost(_first(unit, take)) > alloc.free - blocks:
+                take -= 1
+            if take == 0:
+                break  # online rows hold what it needs: it waits for them
+            if take < len(unit.seqs):
+                rest = unit.seqs[take:]
+                unit = _first(unit, take)
+                self.waiting[0].seqs = rest  # the others wait for rows
+            else:
+                del self.waiting[0]
+            rows += take
+            blocks += s.kv_cost(unit)
+            tokens += len(unit.prompt)
+            units.append(unit)
+        return units
+
+    def batch_rows(self, online_admitted: bool) -> int:
+        """Rows batch lines may take this step: none while an online request waits or
+        was just admitted (the step's prompt budget is its), else the free rows less the
+        reserve for online requests."""
+        if online_admitted or self.waiting:
+            return 0
+        s = self.s.slots
+        free = s.free_count
+        if self.reserve:
+            batch = sum(1 for q in s.seqs if q is not None and not q.job.online)
+            free = min(free, s.max_rows - self.reserve - batch)
+        return max(0, free)
+
+    def started(self, units: list[Unit]) -> None:
+        """Batch units admitted this step: the youngest, for preemption."""
+        for u in units:
+            u.job.admitted = self._round
+
+    def _preempt(self) -> bool:
+        job = preempt.youngest(self.s)
+        if job is None:
+            return False
+        rows = preempt.preempt(self.s, self.intake, job)
+        if self.feed is not None:
+            self.feed.preempted(1, rows)
+        return True
+
+    def _prepare(self, greq: GenRequest) -> Generator[GenResult, None, None]:
+        e = self.s.e
+        job = e.prepare(greq)
+        if isinstance(job, GenResult):
+            yield job
+            return
+        job.online = True
+        if job.needs_prompt_scores:
+            k = job.req.logprobs or 0
+            job.prompt_scores = {i: e.score_prompt(p, k) for i, p in enumerate(job.prompts)}
+        stream = JobStream(e, job) if greq.stream and JobStream.streams(job) else None
+        if job.done:  # nothing to generate (max_tokens 0)
+            if stream is not None and self.feed is not None:
+                self.feed.emit(job.key, stream.deltas())
+            yield e.result(job)
+            return
+        if stream is not None:
+            self.streams[job.key] = stream
+        self.waiting += units_of(job)
+
+    def _reject(self, unit: Unit) -> GenResult:
+        cache = self.s.cache
+        tokens = (cache.alloc.num_blocks - 1) * cache.block_size
+        self.drop({unit.job.key})
+        return bad_request(
+            unit.job.key,
+            f"This request needs more KV-cache memory than the model's worker has "
+            f"({tokens} tokens); reduce n, best_of or max_tokens.",
+            "max_tokens",
+            "context_length_exceeded",
+        )
+
+    # --- the rest of a request's life --------------------------------------------------
+
+    def emit(self) -> None:
+        """One delta per streamed request that gained something this step."""
+        if self.feed is None or not self.streams:
+            return
+        for key, stream in list(self.streams.items()):
+            deltas = stream.deltas()
+            if deltas:
+                self.feed.emit(key, deltas)
+            if stream.finished:
+                del self.streams[key]
+
+    def drop(self, keys: Set[Any]) -> None:
+        """Requests cancelled: their waiting units and streams go (rows: the scheduler)."""
+        self.waiting = [u for u in self.waiting if u.job.key not in keys]
+        for key in keys & self.streams.keys():
+            del self.streams[key]
+
+
+def _first(unit: Unit, k: int = 1) -> Unit:
+    """The unit's first `k` candidates (admitted before the others when rows are short)."""
+    return unit if k >= len(unit.seqs) else Unit(unit.job, unit.prompt_index, unit.seqs[:k])

@@ -1,0 +1,130 @@
+"""Deltas of streamed online requests: per engine step, what each choice gained.
+
+A choice's delta holds the text that is safe to show (never part of a stop sequence,
+never half a UTF-8 character: what may still become either is held back), the ids of
+the tokens it covers, their logprobs with `text_offset` continuing from what was sent,
+and, once, its finish_reason. The first delta of a choice carries its echo (the prompt
+text and, with logprobs, the prompt's scores) before the first generated text, as vLLM
+sends it; `token_ids` list generated tokens only (relay/messages.py's ChoiceDelta). The
+last delta is cut from the finished candidate exactly as result.py builds the
+Completion, so the deltas of a choice add up to the choice a non-streamed request gets
+(text, tokens and logprobs alike).
+
+A token's ids and logprobs go out once the text before it was sent: its offset (the
+running length of the tokens decoded one at a time, as result.py counts `text_offset`)
+lies inside the text sent. That is the rule result.py keeps tokens by at a stop
+sequence, so what was streamed is always a prefix of the final lists.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from batchwright.engine.jobs import Job, Seq
+from batchwright.engine.result import LogprobsBuilder, choice_text, kept_tokens
+from batchwright.engine.stop import IncrementalText
+
+if TYPE_CHECKING:
+    from batchwright.engine.runtime import Engine
+
+Delta = dict[str, Any]
+
+
+class ChoiceStream:
+    """What one candidate sent so far."""
+
+    def __init__(self, engine: Engine, job: Job, seq: Seq, index: int) -> None:
+        self.e, self.job, self.seq, self.index = engine, job, seq, index
+        self.text = IncrementalText(engine.decode)
+        self.seen = 0  # generated tokens decoded into `text`
+        self.chars = 0  # characters of generated text sent
+        self.tokens = 0  # generated tokens sent (ids, logprobs)
+        self.pos = 0  # offset of the next generated token's text, counted as result.py does
+        self.echoed = not job.req.echo
+        self.done = False
+
+    def delta(self) -> Delta | None:
+        """What is new since the last delta, or None."""
+        if self.done:
+            return None
+        seq = self.seq
+        if seq.finish is not None:
+            self.done = True
+            text = choice_text(seq, self.e.decode)
+            return self._delta(text, kept_tokens(seq, text, self.e.token_piece), seq.finish)
+        full = self._text()
+        safe = full[: len(full) - seq.stop.held_back(full)] if seq.stop.stops else full
+        # Tokens whose text starts inside what will have been sent.
+        piece = self.e.token_piece
+        tokens, pos = self.tokens, self.pos
+        while tokens < len(seq.out_ids) and pos < len(safe):
+            pos += len(piece(seq.out_ids[tokens]))
+            tokens += 1
+        if len(safe) == self.chars and tokens == self.tokens and self.echoed:
+            return None
+        return self._delta(safe, tokens, None)
+
+    def _text(self) -> str:
+        """The generated text so far without a trailing incomplete character (the stop
+        checker keeps it already when the request has stop sequences)."""
+        seq = self.seq
+        if seq.stop.stops:
+            return seq.stop.text
+        if len(seq.out_ids) > self.seen:
+            self.text.update(seq.out_ids)
+            self.seen = len(seq.out_ids)
+        return self.text.text
+
+    def _delta(self, text: str, tokens: int, finish: str | None) -> Delta:
+        """The delta up to `text` (the generated text sent once it goes) and `tokens`."""
+        job, seq, req = self.job, self.seq, self.job.req
+        ids = seq.out_ids[self.tokens : tokens]
+        lps: LogprobsBuilder | None = None
+        echo = ""
+        if req.logprobs is not None:
+            lps = LogprobsBuilder(self.e.token_text, self.e.token_piece, req.logprobs)
+        if not self.echoed:
+            self.echoed = True
+            echo = job.echo_texts[seq.prompt_index]
+            if lps is not None:
+                lps.add_prompt(job, seq.prompt_index)
+        base = len(job.echo_texts[seq.prompt_index]) if req.echo else 0
+        if lps is not None:
+            lps.pos = base + self.pos
+            for i in range(self.tokens, tokens):
+                lps.add_generated(seq, i)
+            self.pos = lps.pos - base
+        else:
+            piece = self.e.token_piece
+            self.pos += sum(len(piece(t)) for t in seq.out_ids[self.tokens : tokens])
+        new = text[self.chars :]
+        self.chars, self.tokens = len(text), tokens
+        return {
+            "index": self.index,
+            "text": echo + new,
+            "token_ids": ids,
+            "logprobs": None if lps is None else lps.build().model_dump(mode="json"),
+            "finish_reason": finish,
+        }
+
+
+class JobStream:
+    """The choices of one streamed request, `index = prompt_index * n + candidate`.
+
+    Only requests whose candidates are their choices stream (`best_of` > `n` picks the
+    choices at the end: OpenAI refuses it with `stream`)."""
+
+    def __init__(self, engine: Engine, job: Job) -> None:
+        n = job.req.n
+        self.choices = [ChoiceStream(engine, job, s, s.prompt_index * n + s.cand) for s in job.seqs]
+
+    @staticmethod
+    def streams(job: Job) -> bool:
+        return job.req.candidates == job.req.n
+
+    def deltas(self) -> list[Delta]:
+        return [d for c in self.choices if (d := c.delta()) is not None]
+
+    @property
+    def finished(self) -> bool:
+        return all(c.done for c in self.choices)
