@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,11 @@ def test_run_example_file(tmp_path: Path) -> None:
     done = _run(src, home)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (home / "models" / "demo" / "config.json").exists()  # built on first use
+    # It says what it builds without promising a time, and then how long the build took.
+    said = done.stderr.splitlines()
+    assert said[0].startswith("building the demo model"), done.stderr
+    assert not re.search(r"about \d+ ?s", said[0]), said[0]
+    assert any(re.fullmatch(r"built the demo model in \d+ s", line) for line in said), said
     requests = [json.loads(x) for x in src.read_text().splitlines()]
     out = [json.loads(x) for x in (tmp_path / "completions.output.jsonl").read_text().splitlines()]
     assert not (tmp_path / "completions.errors.jsonl").exists()

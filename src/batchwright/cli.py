@@ -9,14 +9,18 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
-from sqlalchemy.exc import SQLAlchemyError
 
 from batchwright import client
 from batchwright.errors import NotFound
 from batchwright.projects_cli import projects
 from batchwright.webhooks.cli import webhooks as webhooks_cli
 
-app = typer.Typer(help="Self-hosted, OpenAI-compatible batch inference.", no_args_is_help=True)
+# Keep this module's imports light: every command pays them (bench/startup.py measures).
+app = typer.Typer(
+    cls=client.ClientGroup,
+    help="Self-hosted, OpenAI-compatible batch inference.",
+    no_args_is_help=True,
+)
 keys = typer.Typer(help="Create and revoke API keys.", no_args_is_help=True)
 db = typer.Typer(help="Database schema.", no_args_is_help=True)
 app.add_typer(keys, name="keys")
@@ -156,6 +160,8 @@ def keys_create(
     name: Annotated[str, typer.Option(help="A label for the key.")] = "default",
 ) -> None:
     """Create an API key; the secret is printed once."""
+    from sqlalchemy.exc import SQLAlchemyError
+
     from batchwright.auth.service import create_key
     from batchwright.db.session import session_scope
 
@@ -172,6 +178,8 @@ def keys_create(
 @keys.command("revoke")
 def keys_revoke(key_id: str) -> None:
     """Revoke an API key by id."""
+    from sqlalchemy.exc import SQLAlchemyError
+
     from batchwright.auth.service import revoke_key
     from batchwright.db.session import session_scope
 

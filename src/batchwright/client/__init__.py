@@ -1,13 +1,41 @@
 """The CLI client for a running service, on the official openai SDK: `batchwright files`,
-`batches`, `models`, `complete` (base URL and key from OPENAI_BASE_URL / OPENAI_API_KEY or flags),
-plus `keys list` and `--version`."""
+`batches`, `models`, `complete` (base URL and key from OPENAI_BASE_URL / OPENAI_API_KEY or
+flags), plus `keys list` and `--version`.
+
+The SDK takes about a second to import and `batchwright run` never uses it: the client's
+command groups are imported when one of them runs (or help lists them), not with the CLI."""
 
 from __future__ import annotations
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
+
+# Command group -> the module whose `app` holds it.
+LAZY_GROUPS = {
+    "files": "batchwright.client.files",
+    "batches": "batchwright.client.batches",
+    "models": "batchwright.client.models",
+}
+
+
+class ClientGroup(TyperGroup):
+    """The `batchwright` group: its own commands, and the client's groups on first use."""
+
+    # Contexts and commands are click's, or in recent typer its own copy of click.
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [*super().list_commands(ctx), *(n for n in LAZY_GROUPS if n not in self.commands)]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name in LAZY_GROUPS and cmd_name not in self.commands:
+            module = importlib.import_module(LAZY_GROUPS[cmd_name])
+            group = typer.main.get_group(module.app)
+            group.name = cmd_name
+            self.commands[cmd_name] = group
+        return super().get_command(ctx, cmd_name)
 
 
 def _version(show: bool) -> None:
@@ -31,14 +59,12 @@ def _main(
 
 
 def register(app: typer.Typer, keys: typer.Typer) -> None:
-    """Add the client's commands to the `batchwright` app."""
-    from batchwright.client import batches, files, models
+    """Add the client's eager parts to the `batchwright` app (made with cls=ClientGroup,
+    which adds the command groups on first use). `complete` is light: the SDK is imported
+    when it runs."""
     from batchwright.client.complete import complete
     from batchwright.client.keys import keys_list
 
     app.callback()(_main)
-    app.add_typer(files.app, name="files")
-    app.add_typer(batches.app, name="batches")
-    app.add_typer(models.app, name="models")
     app.command("complete")(complete)
     keys.command("list")(keys_list)

@@ -7,13 +7,15 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
-import openai
 import typer
 from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    import openai
 
 BaseUrl = Annotated[
     str | None,
@@ -45,6 +47,8 @@ class ClientError(Exception):
 
 
 def connect(base_url: str | None, api_key: str | None) -> openai.OpenAI:
+    import openai  # the SDK only for commands that talk to a service (`keys list` does not)
+
     url = (base_url or "http://127.0.0.1:8000/v1").rstrip("/")
     if not url.endswith("/v1"):
         url += "/v1"  # people paste the server's address; the API lives under /v1
@@ -71,6 +75,8 @@ def _where(exc: openai.APIConnectionError) -> str:
 
 
 def _why(exc: openai.APIConnectionError) -> str:
+    import openai
+
     if isinstance(exc, openai.APITimeoutError):
         return "timed out"
     cause = str(exc.__cause__ or exc).lower()
@@ -82,6 +88,8 @@ def handled(fn: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        import openai
+
         try:
             return fn(*args, **kwargs)
         except openai.APIConnectionError as exc:

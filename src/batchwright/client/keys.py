@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
-
 from batchwright.client.common import Json, print_json, table, when
 
 
 def keys_list(as_json: Json = False) -> None:
     """List API keys: id, project, label, the secret's first characters, state."""
+    from sqlalchemy import select
+
     from batchwright.db.models import APIKey, Project
     from batchwright.db.session import session_scope
 

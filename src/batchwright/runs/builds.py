@@ -1,22 +1,55 @@
-"""What loading a model builds on first use, so the run can say so before going quiet."""
+"""What loading a model builds on first use, built here one at a time so that the run can
+say what it is building and for how long (the engine then finds both on disk)."""
 
 from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from batchwright.registry import DEMO_MODEL, ModelSpec
 
 
-def first_use_builds(spec: ModelSpec) -> list[str]:
+@dataclass(frozen=True)
+class Build:
+    what: str  # "the demo model", "the attention kernel"
+    run: Callable[[], bool]  # True when built (the kernel may fail: the engine keeps SDPA)
+
+
+def first_use_builds(spec: ModelSpec) -> list[Build]:
     """The things loading `spec` will build first (none when they are on disk)."""
     builds = []
     if spec.name == DEMO_MODEL and not (Path(spec.path) / "config.json").exists():
-        builds.append("the demo model")
-    if spec.native_attention and not _kernel_built():
-        builds.append("the attention kernel")
+        builds.append(Build("the demo model", lambda: _demo_model(spec)))
+    if _kernel_wanted(spec) and not _kernel_built():
+        builds.append(Build("the attention kernel", _kernel))
     return builds
+
+
+def _demo_model(spec: ModelSpec) -> bool:
+    from batchwright.engine.demo import ensure_demo_model
+
+    ensure_demo_model(spec.path)
+    return True
+
+
+def _kernel() -> bool:
+    from batchwright.engine.native import paged_attention_kernel
+
+    return paged_attention_kernel() is not None
+
+
+def _kernel_wanted(spec: ModelSpec) -> bool:
+    """The engine's condition (engine/loader.py): float32 models on the CPU."""
+    if not spec.native_attention or spec.dtype not in ("auto", "float32"):
+        return False
+    if spec.device != "auto":
+        return spec.device == "cpu"
+    import torch
+
+    return not torch.cuda.is_available()
 
 
 def _kernel_built() -> bool:

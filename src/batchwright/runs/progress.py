@@ -11,6 +11,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
@@ -111,6 +112,7 @@ class RunView:
         )
         self.task = self.progress.add_task("starting", total=None, failed=0, rate="-", eta="--:--")
         self.rates = _Rates()
+        self._build: tuple[str, float] | None = None  # what is being built, since when
 
     def __enter__(self) -> RunView:
         self.progress.start()
@@ -123,13 +125,30 @@ class RunView:
         """A line printed above the progress line (or alone when it is disabled)."""
         self.console.print(message, highlight=False)
 
+    @contextmanager
+    def building(self, what: str) -> Iterator[None]:
+        """A first-use build: said when it starts, its time counted on the progress line
+        while it runs (no estimate: it takes seconds to minutes, by machine), and said
+        again with the time it took."""
+        self.note(f"building {what} (first use only; later runs reuse it)")
+        started = time.monotonic()
+        self._build = (what, started)
+        try:
+            yield
+        finally:
+            self._build = None
+        self.note(f"built {what} in {time.monotonic() - started:.0f} s")
+
     def update(self, status: str, total: int | None, counts: LiveCounts) -> None:
         done, failed, tokens = counts.snapshot()
         per_line, per_token = self.rates.add(done, tokens)
         described = {"in_progress": "generating", "validating": "checking lines"}
+        description = described.get(status, status)
+        if (build := self._build) is not None:
+            description = f"building {build[0]} · {time.monotonic() - build[1]:.0f} s"
         self.progress.update(
             self.task,
-            description=described.get(status, status),
+            description=description,
             total=total or None,
             completed=done,
             failed=failed,

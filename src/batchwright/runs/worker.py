@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
@@ -31,19 +32,19 @@ class InlineWorker:
         dispatcher: InlineDispatcher,
         counts: LiveCounts,
         interrupt: Interrupt,
-        note: Callable[[str], None],
+        building: Callable[[str], AbstractContextManager[None]],
     ) -> None:
         self.dispatcher, self.counts, self.interrupt = dispatcher, counts, interrupt
-        self.note = note
+        self.building = building
         self.failures: list[BaseException] = []
 
     def engine(self, spec: ModelSpec) -> Engine:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # ours says it all
-        builds = [] if spec.name in runner._engines else first_use_builds(spec)
-        if builds:
-            self.note(f"building {' and '.join(builds)}, once, about 20 s")
+        for build in [] if spec.name in runner._engines else first_use_builds(spec):
+            with self.building(build.what):
+                build.run()
         engine = runner.engine_for(spec)
         if not getattr(engine, "_bw_embedded", False):
             # Observers only: results are counted for the progress line, and an interrupt
