@@ -184,7 +184,7 @@ class _Run:
         counts = LiveCounts()
         counts.rebase(*finished(batch_id))
         with RunView(self.console, enabled=self.options.show_progress) as view:
-            worker = InlineWorker(dispatcher, counts, self.interrupt, view.building)
+            worker = InlineWorker(dispatcher, counts, self.interrupt, view)
             thread = threading.Thread(target=worker.run, name="embedded-worker", daemon=True)
             thread.start()
             _watch(thread, batch_id, view, counts, self.interrupt)

@@ -112,7 +112,7 @@ class RunView:
         )
         self.task = self.progress.add_task("starting", total=None, failed=0, rate="-", eta="--:--")
         self.rates = _Rates()
-        self._build: tuple[str, float] | None = None  # what is being built, since when
+        self._doing: tuple[str, float] | None = None  # what runs before generation, since when
 
     def __enter__(self) -> RunView:
         self.progress.start()
@@ -126,17 +126,24 @@ class RunView:
         self.console.print(message, highlight=False)
 
     @contextmanager
+    def doing(self, what: str) -> Iterator[float]:
+        """`what` (and its seconds so far) on the progress line while it runs; yields when
+        it started."""
+        started, before = time.monotonic(), self._doing
+        self._doing = (what, started)
+        try:
+            yield started
+        finally:
+            self._doing = before
+
+    @contextmanager
     def building(self, what: str) -> Iterator[None]:
-        """A first-use build: said when it starts, its time counted on the progress line
+        """A first-use build: said when it starts, its seconds counted on the progress line
         while it runs (no estimate: it takes seconds to minutes, by machine), and said
         again with the time it took."""
         self.note(f"building {what} (first use only; later runs reuse it)")
-        started = time.monotonic()
-        self._build = (what, started)
-        try:
+        with self.doing(f"building {what}") as started:
             yield
-        finally:
-            self._build = None
         self.note(f"built {what} in {time.monotonic() - started:.0f} s")
 
     def update(self, status: str, total: int | None, counts: LiveCounts) -> None:
@@ -144,8 +151,8 @@ class RunView:
         per_line, per_token = self.rates.add(done, tokens)
         described = {"in_progress": "generating", "validating": "checking lines"}
         description = described.get(status, status)
-        if (build := self._build) is not None:
-            description = f"building {build[0]} · {time.monotonic() - build[1]:.0f} s"
+        if (doing := self._doing) is not None:
+            description = f"{doing[0]} · {time.monotonic() - doing[1]:.0f} s"
         self.progress.update(
             self.task,
             description=description,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
@@ -16,7 +15,7 @@ from batchwright.db.session import session_scope
 from batchwright.registry import ModelSpec
 from batchwright.runs.builds import first_use_builds
 from batchwright.runs.interrupt import Interrupt
-from batchwright.runs.progress import LiveCounts, counting
+from batchwright.runs.progress import LiveCounts, RunView, counting
 from batchwright.worker import runner
 from batchwright.worker.dispatch import FINALIZE, PROCESS, VALIDATE, InlineDispatcher
 
@@ -32,20 +31,22 @@ class InlineWorker:
         dispatcher: InlineDispatcher,
         counts: LiveCounts,
         interrupt: Interrupt,
-        building: Callable[[str], AbstractContextManager[None]],
+        view: RunView,
     ) -> None:
         self.dispatcher, self.counts, self.interrupt = dispatcher, counts, interrupt
-        self.building = building
+        self.view = view
         self.failures: list[BaseException] = []
 
     def engine(self, spec: ModelSpec) -> Engine:
-        from transformers.utils import logging as hf_logging
+        # The progress line says so while torch and the model load (seconds, every run).
+        with self.view.doing(f"loading {spec.name}"):
+            from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # ours says it all
-        for build in [] if spec.name in runner._engines else first_use_builds(spec):
-            with self.building(build.what):
-                build.run()
-        engine = runner.engine_for(spec)
+            hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # ours says it all
+            for build in [] if spec.name in runner._engines else first_use_builds(spec):
+                with self.view.building(build.what):
+                    build.run()
+            engine = runner.engine_for(spec)
         if not getattr(engine, "_bw_embedded", False):
             # Observers only: results are counted for the progress line, and an interrupt
             # parks the thread at the next forward pass (runs/interrupt.py).
