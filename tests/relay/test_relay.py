@@ -262,3 +262,20 @@ def test_stale_bells_do_not_keep_an_idle_worker_awake(relays: Relays) -> None:
     assert relays.redis.llen(worker.keys.bell("m")) == 1
     assert worker.take(timeout=0.05) is None
     assert relays.redis.llen(worker.keys.bell("m")) == 0
+
+
+def test_a_request_may_end_before_any_started(relays: Relays) -> None:
+    """Echo scoring needs no engine step: its Done can be the only event."""
+    worker = relays.worker("w", ["m"])
+    req = relays.request()
+
+    async def scenario() -> object:
+        async with api(relays) as relay:
+            follower = await relay.submit(req)
+            taken = worker.take(timeout=5)
+            assert taken is not None
+            worker.publish([(taken.request, Done(worker="w", completion={"id": req.id}))])
+            return await follower.next()
+
+    event = run(scenario)
+    assert isinstance(event, Done) and event.worker == "w"

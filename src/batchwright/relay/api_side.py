@@ -159,12 +159,16 @@ class Follower:
     def _counts(self, event: Event) -> bool:
         if event.attempt != self.request.attempt:
             return False
-        if isinstance(event, Started):
-            if self.worker is not None:
-                return False  # another worker started it too (it was handed back)
-            self.worker, self.started = event.worker, event
+        if self.worker is None:
+            # The first worker to speak for this attempt is the one to follow (a request
+            # that needs no engine step may end with Done or Failed before any Started).
+            self.worker = event.worker
+            if isinstance(event, Started):
+                self.started = event
             return True
-        return event.worker == self.worker or (self.worker is None and event.type == "error")
+        if isinstance(event, Started):
+            return False  # another worker started it too (it was handed back)
+        return event.worker == self.worker
 
     async def _check_liveness(self) -> None:
         if self.worker is None:
