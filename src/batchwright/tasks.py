@@ -12,7 +12,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from batchwright import control
 from batchwright.files import purge
 from batchwright.webhooks import delivery, outbox
-from batchwright.worker import runner
+from batchwright.worker import hosts, runner
 from batchwright.worker.celery_app import celery_app
 
 outbox.install()
@@ -39,7 +39,7 @@ def validate_batch(batch_id: str) -> None:
 
 @celery_app.task(name="batchwright.process", **RETRY)
 def process(model: str) -> None:
-    runner.process(model, on_cancel=control.finalize_batch)
+    runner.process(model, on_cancel=control.finalize_batch, host=hosts.get(model))
 
 
 @celery_app.task(name="batchwright.finalize_batch", **RETRY)

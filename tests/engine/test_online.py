@@ -23,18 +23,27 @@ class Feed:
         self.at = dict(at or {})
         self.calls = 0
         self.deltas: dict[Any, list[tuple[int, list[dict[str, Any]]]]] = defaultdict(list)
-        self.lines = self.rows = 0
+        self.lines = self.preempted_rows = 0
+        self.started_at: dict[Any, int] = {}
+        self.online_rows: list[int] = []
 
     def take(self) -> list[GenRequest]:
         self.calls += 1
         return self.at.pop(self.calls, [])
 
+    def started(self, key: Any, prompt_tokens: int) -> None:
+        self.started_at[key] = self.calls
+
     def emit(self, key: Any, deltas: list[dict[str, Any]]) -> None:
+        assert key in self.started_at
         self.deltas[key].append((self.calls, deltas))
+
+    def rows(self, online: int) -> None:
+        self.online_rows.append(online)
 
     def preempted(self, lines: int, rows: int) -> None:
         self.lines += lines
-        self.rows += rows
+        self.preempted_rows += rows
 
 
 def _body(i: int, **kw: Any) -> dict[str, Any]:
@@ -105,7 +114,7 @@ def test_preempted_lines_give_the_results_they_would_have_had(
     engine = make_engine(**spec)
     feed = Feed({3: [_online(0)], 9: [_online(1), _online(2)], 25: [_online(3, n=2)]})
     got = _run(engine, _batch(), feed)
-    assert feed.lines > 0 and feed.rows > 0  # batch rows gave way
+    assert feed.lines > 0 and feed.preempted_rows > 0  # batch rows gave way
     batch = {k: v for k, v in got.items() if k[0] == "b"}
     assert batch.keys() == alone.keys()
     for key, result in alone.items():

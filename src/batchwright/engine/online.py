@@ -34,12 +34,20 @@ class OnlineFeed(Protocol):
         """Online requests that arrived since the last call (never waits)."""
         ...
 
+    def started(self, key: Any, prompt_tokens: int) -> None:
+        """The engine has the request (it passed the model's checks)."""
+        ...
+
     def emit(self, key: Any, deltas: list[Delta]) -> None:
         """What the choices of a streamed request gained in one step."""
         ...
 
     def preempted(self, lines: int, rows: int) -> None:
         """Batch lines (and their rows) that gave their rows to online requests."""
+        ...
+
+    def rows(self, online: int) -> None:
+        """Rows online requests hold after a step."""
         ...
 
 
@@ -134,6 +142,8 @@ class Lane:
             yield job
             return
         job.online = True
+        if self.feed is not None:
+            self.feed.started(job.key, sum(len(p) for p in job.prompts))
         if job.needs_prompt_scores:
             k = job.req.logprobs or 0
             job.prompt_scores = {i: e.score_prompt(p, k) for i, p in enumerate(job.prompts)}
@@ -163,8 +173,10 @@ class Lane:
 
     def emit(self) -> None:
         """One delta per streamed request that gained something this step."""
-        if self.feed is None or not self.streams:
+        if self.feed is None:
             return
+        seqs = self.s.slots.seqs
+        self.feed.rows(sum(1 for q in seqs if q is not None and q.job.online))
         for key, stream in list(self.streams.items()):
             deltas = stream.deltas()
             if deltas:

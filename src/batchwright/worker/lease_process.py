@@ -163,6 +163,10 @@ class RemoteLease:
         self._pump(block=False)
         return len(self._newcomers) + len(self._pending)
 
+    def at_end(self) -> bool:
+        """No line left to hand over (worker/engine_host.py asks while rows run)."""
+        return self._ended and not (self._newcomers or self._pending)
+
     def __iter__(self) -> Iterator[GenRequest]:
         while True:
             while not (self._newcomers or self._pending):

@@ -47,6 +47,21 @@ RETRIES = Counter("batchwright_worker_task_retries_total", "Celery task retries"
 OOM_HALVINGS = Counter(
     "batchwright_worker_oom_halvings_total", "Out-of-memory halvings of max_rows", ["model"]
 )
+# Online requests (worker/online.py): they count in rows_in_flight and lines too.
+ONLINE_IN_FLIGHT = Gauge(
+    "batchwright_worker_online_in_flight", "Online requests in the engine", ["model"]
+)
+ONLINE_ROWS = Gauge("batchwright_worker_online_rows", "Rows held by online requests", ["model"])
+ONLINE_CANCELLED = Counter(
+    "batchwright_worker_online_cancelled_total",
+    "Online requests dropped from the engine because the API gave them up (client gone)",
+    ["model"],
+)
+PREEMPTIONS = Counter(
+    "batchwright_worker_preemptions_total",
+    "Batch lines that gave their rows to online requests (run again from their prompts)",
+    ["model"],
+)
 RESULT_WRITE_SECONDS = Histogram(
     "batchwright_worker_result_write_seconds", "One result flush to the database"
 )

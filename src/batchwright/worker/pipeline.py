@@ -106,6 +106,13 @@ class ReadAhead:
         """Requests the engine can take now without waiting (engine/intake.py)."""
         return len(self._items)
 
+    def at_end(self) -> bool:
+        """The next item is the end (or a failure): worker/engine_host.py asks."""
+        with self._lock:
+            return bool(self._items) and (
+                self._items[0] is _END or isinstance(self._items[0], _Failed)
+            )
+
     def __iter__(self) -> Iterator[GenRequest]:
         if not self._started:
             self._started = True
@@ -265,19 +272,28 @@ class ResultWriter:
 
 
 def generate(
-    engine: Any, lease: Any, model: str, settings: Any, cancelled: Any | None = None
+    engine: Any,
+    lease: Any,
+    model: str,
+    settings: Any,
+    cancelled: Any | None = None,
+    host: Any | None = None,
 ) -> int:
     """Run `engine` on the lease's lines; returns how many results landed. `cancelled`:
-    the engine's cancel hook (Engine.run(requests, cancelled=...)), passed through."""
+    the engine's cancel hook (Engine.run(requests, cancelled=...)), passed through.
+    `host`: the model's engine loop (worker/engine_host.py) runs them instead."""
     # The engine's window (engine/intake.py) hides a claim's latency; lines queued here
     # are ahead of a newcomer's (claims.py), so only a few wait here.
     writer = ResultWriter(lease.token, model, settings.result_queue_size, settings.lease_seconds)
     feed = ReadAhead(lease.requests(), model, max(1, settings.claim_batch_size // 8), writer.handed)
     try:
         with writer:
-            hook = {} if cancelled is None else {"cancelled": cancelled}
-            for result in engine.run(feed, **hook):
-                writer.put(result)
+            if host is not None:
+                host.run_lease(feed, writer.put, cancelled)
+            else:
+                hook = {} if cancelled is None else {"cancelled": cancelled}
+                for result in engine.run(feed, **hook):
+                    writer.put(result)
     finally:
         feed.close()
         if feed.handed > writer.received:

@@ -16,6 +16,7 @@ from batchwright.worker.dispatch import FINALIZE, PROCESS, get_dispatcher
 
 if TYPE_CHECKING:
     from batchwright.engine.runtime import Engine
+    from batchwright.worker.engine_host import EngineHost
 
 log = logging.getLogger(__name__)
 
@@ -23,10 +24,16 @@ log = logging.getLogger(__name__)
 SHUTDOWN = threading.Event()
 
 _engines: dict[str, Engine] = {}
+_loading = threading.Lock()
 
 
 def engine_for(spec: ModelSpec) -> Engine:
     """One loaded model per process, loaded on first use (never at import or fork)."""
+    with _loading:
+        return _load(spec)
+
+
+def _load(spec: ModelSpec) -> Engine:
     if spec.name not in _engines:
         from batchwright.engine.runtime import Engine
 
@@ -58,12 +65,15 @@ def process(
     registry: Registry | None = None,
     engine_provider: Callable[[ModelSpec], Engine] = engine_for,
     on_cancel: Callable[[str], None] | None = None,
+    host: EngineHost | None = None,
 ) -> int:
     """Generate for queued rows of `model` until none are left or the time slice ends.
 
     `on_cancel(batch_id)` runs, off the generation loop, once lines this lease held of a
     cancelled batch are closed: the caller finalizes it there (control.finalize_batch).
-    Without one the batch's finalize is sent as a message."""
+    Without one the batch's finalize is sent as a message. `host`: the model's engine
+    loop in this process (worker/engine_host.py), shared with online requests; without
+    one the lease runs the engine itself."""
     settings = get_settings()
     spec = (registry or load_registry(settings)).get(model)
     if spec is None or not routing.serves(model, settings):
@@ -75,22 +85,27 @@ def process(
         if lease_process.wanted(settings):
             remote = lease_process.RemoteLease(model, settings, SHUTDOWN, on_cancel or _finalize)
             with remote as lease:
-                lease.run(engine)
+                if host is not None:
+                    host.run_lease(lease, lease.put, lease.cancelled)
+                else:
+                    lease.run(engine)
             landed = lease.landed
         else:
             with Lease(model, settings, SHUTDOWN) as lease:
                 lease.cancels.on_batch = on_cancel or _finalize
                 landed = pipeline.generate(
-                    engine, lease, model, settings, cancelled=lease.cancelled
+                    engine, lease, model, settings, cancelled=lease.cancelled, host=host
                 )
     except Exception as exc:
         rows = getattr(engine, "max_rows", 1)
-        if not is_out_of_memory(exc) or rows <= 1:
+        if not is_out_of_memory(exc) or (rows <= 1 and host is None):
             raise
-        # The lease gave the lines back unharmed; decode fewer rows at once and go again.
-        engine.max_rows = max(1, rows // 2)
+        # The lease gave the lines back unharmed; decode fewer rows at once and go again
+        # (a host has halved its engine's rows already, before its next run).
+        if host is None:
+            engine.max_rows = max(1, rows // 2)
+            log.warning("out of memory with %d rows; retrying with %d", rows, engine.max_rows)
         metrics.OOM_HALVINGS.labels(model).inc()
-        log.warning("out of memory with %d rows; retrying with %d", rows, engine.max_rows)
         get_dispatcher().send(PROCESS, model)
         return landed
     if lease.more_work and not SHUTDOWN.is_set():

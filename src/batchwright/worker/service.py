@@ -1,4 +1,5 @@
-"""Per-process services of a Celery worker: its heartbeat and its Prometheus endpoint.
+"""Per-process services of a Celery worker: its heartbeat, its Prometheus endpoint and
+its engine hosts (one engine loop per served model, taking online requests too).
 
 Started once the worker is ready (never at import or fork) and stopped at shutdown.
 """
@@ -10,7 +11,7 @@ from typing import Any
 from celery.signals import task_retry, worker_ready, worker_shutdown
 
 from batchwright.config import get_settings
-from batchwright.worker import metrics
+from batchwright.worker import hosts, metrics
 from batchwright.worker.heartbeat import Heartbeat
 from batchwright.worker.routing import served_models
 
@@ -26,9 +27,13 @@ def _start(**_: Any) -> None:
         start_http_server(settings.worker_metrics_port)
     _heartbeat = Heartbeat(served_models(settings), True, settings)
     _heartbeat.start()
+    hosts.start(settings)
 
 
 def _stop(**_: Any) -> None:
+    # The tasks have ended (a warm shutdown finished its lease): online requests held
+    # run to their end, the rest is handed to other workers.
+    hosts.stop_all()
     if _heartbeat is not None:
         _heartbeat.stop()
 

@@ -1,0 +1,278 @@
+"""One engine loop per served model in a worker's generation process.
+
+Batch lines and online requests share the model's rows, so they share one loop: a thread
+per model runs `Engine.run` for as long as the worker lives. A `process` task attaches
+its lease to it (`run_lease`: the lease's lines go in, its results come out, its cancels
+drop lines, all called from the loop's thread) and waits until every line it handed over
+has come back; online requests reach the same loop through `online.OnlineWork`, so one
+is admitted at the loop's next step whether or not a batch is running (engine/online.py
+puts it ahead of the batch lines, preempting them if need be).
+
+With nothing to do the loop waits inside its request source for a lease or an online
+request (engine/types.py's WAKE ends that wait for the latter). A lease whose source or
+sink fails is detached alone: its lines leave the engine at the next step and the task
+sees the error, as it did when it ran the engine itself; online requests run on. An error
+of the engine itself fails what it held (lease and online requests) and the loop starts
+over with a fresh run.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING, Any
+
+from batchwright.engine.types import WAKE, GenRequest, GenResult
+from batchwright.worker.claims import is_out_of_memory
+
+if TYPE_CHECKING:
+    from batchwright.engine.runtime import Engine
+    from batchwright.worker.online import OnlineWork
+
+log = logging.getLogger(__name__)
+
+Put = Callable[[GenResult], None]
+Cancels = Callable[[], AbstractSet[Any]]
+
+
+class Attachment:
+    """A lease's lines while they run in the host's loop."""
+
+    def __init__(self, source: Iterable[GenRequest], put: Put, cancelled: Cancels | None) -> None:
+        self.source = source
+        self.it = iter(source)
+        self.put = put
+        self.cancelled = cancelled
+        self.keys: set[Any] = set()  # lines handed to the engine without a result yet
+        self.ended = False  # the source has no more lines
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    def ready(self) -> int:
+        """Lines to take now; one more when the source is at its end, so the engine asks
+        for it and learns of the end while rows still run."""
+        ready = getattr(self.source, "ready", None)
+        n = int(ready()) if ready is not None else 0
+        at_end = getattr(self.source, "at_end", None)
+        return n + int(at_end is not None and bool(at_end()))
+
+
+class EngineHost:
+    """`load` runs in the loop's thread (the one that runs the model: torch's CPU threads
+    are set there); `online` starts the model's online work once it loaded."""
+
+    def __init__(
+        self,
+        model: str,
+        load: Callable[[], Engine],
+        *,
+        orders_ahead: bool,
+        online: Callable[[EngineHost], OnlineWork] | None = None,
+    ) -> None:
+        self.model = model
+        self._load = load
+        self._start_online = online
+        self.engine: Engine = None  # type: ignore[assignment]  # set by the loop's thread
+        self.loaded = threading.Event()  # set once loading ended, well or not
+        self.online: OnlineWork | None = None
+        self.attached: Attachment | None = None
+        self.stopping = False
+        self._cond = threading.Condition()
+        self._dropped: set[Any] = set()  # lines of a detached lease still in the engine
+        self._lines = _Lines(self, orders_ahead)
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"engine-{model}")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Take nothing more; the loop ends once what it holds is done."""
+        if self.online is not None:
+            self.online.stop()
+        with self._cond:
+            self.stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        if self.online is not None:
+            self.online.leave()
+
+    def wake(self) -> None:
+        """Something came for the loop (an online request): end its wait for input."""
+        with self._cond:
+            self._cond.notify_all()
+
+    # --- a process task's lease ----------------------------------------------------------
+
+    def run_lease(
+        self, source: Iterable[GenRequest], put: Put, cancelled: Cancels | None = None
+    ) -> None:
+        """Run a lease's lines in the loop; returns once each line it handed over has its
+        result (or was cancelled). `source`, `put` and `cancelled` are called from the
+        loop's thread only, and not after this returns. Raises what failed the lease."""
+        att = Attachment(source, put, cancelled)
+        with self._cond:
+            while self.attached is not None and not self.stopping:
+                self._cond.wait()
+            if self.stopping:
+                raise RuntimeError(f"the engine of {self.model} is stopping")
+            self.attached = att
+            self._cond.notify_all()
+        att.done.wait()
+        if att.error is not None:
+            raise att.error
+
+    def _finish(self, att: Attachment, error: BaseException | None = None) -> None:
+        """The lease leaves the loop: its lines still in the engine are dropped."""
+        if att.done.is_set():
+            return
+        att.error = error
+        self._dropped |= att.keys
+        att.keys.clear()
+        with self._cond:
+            if self.attached is att:
+                self.attached = None
+            self._cond.notify_all()
+        att.done.set()
+
+    def _check(self, att: Attachment) -> None:
+        if att.ended and not att.keys:
+            self._finish(att)
+
+    # --- the loop --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self.engine = self._load()
+            if self._start_online is not None:
+                self.online = self._start_online(self)
+        except Exception:
+            log.exception("could not load %s", self.model)
+            return
+        finally:
+            self.loaded.set()
+        self._loop()
+
+    def _loop(self) -> None:
+        while not self.stopping:
+            try:
+                results = self.engine.run(
+                    self._lines, cancelled=self._cancelled, online=self.online
+                )
+                for result in results:
+                    self._route(result)
+                return  # stopping: the source ended
+            except Exception as exc:
+                log.exception("engine loop of %s failed", self.model)
+                self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        """The run ended with an error: what it held fails, and a new run starts."""
+        att = self.attached
+        if att is not None:
+            error: BaseException = exc
+            if is_out_of_memory(exc) and self.engine.max_rows <= 1:
+                error = RuntimeError(f"out of memory with one row: {exc!r}")
+            self._finish(att, error)
+        self._dropped.clear()  # a new run holds none of them
+        if self.online is not None:
+            self.online.fail_all(exc)
+        rows = self.engine.max_rows
+        if is_out_of_memory(exc) and rows > 1:
+            # The next run decodes fewer rows at once (runner.process resends the lease).
+            self.engine.max_rows = max(1, rows // 2)
+            log.warning("out of memory with %d rows; now %d", rows, self.engine.max_rows)
+
+    def _route(self, result: GenResult) -> None:
+        online = self.online
+        if online is not None and online.owns(result.key):
+            online.finished(result)
+            return
+        att = self.attached
+        if att is None or result.key not in att.keys:
+            return  # a line of a lease that left (its lines were given back)
+        att.keys.discard(result.key)
+        try:
+            att.put(result)
+        except Exception as exc:
+            self._finish(att, exc)
+            return
+        self._check(att)
+
+    def _cancelled(self) -> AbstractSet[Any]:
+        """The engine's cancel hook, once a step: the lease's cancelled lines, the lines
+        of a lease that left, online requests their clients gave up."""
+        out: set[Any] = set()
+        att = self.attached
+        if att is not None and att.cancelled is not None:
+            try:
+                keys = att.cancelled()
+            except Exception as exc:
+                self._finish(att, exc)
+            else:
+                if keys:
+                    out |= keys
+                    att.keys -= keys
+                    self._check(att)
+        if self._dropped:
+            out |= self._dropped
+            self._dropped = set()
+        if self.online is not None:
+            out |= self.online.cancelled()
+        return out
+
+
+class _Lines:
+    """The loop's request source: the attached lease's lines, WAKE when an online request
+    came while it waited for input, the end when the host stops."""
+
+    def __init__(self, host: EngineHost, orders_ahead: bool) -> None:
+        self.host = host
+        # A lease process orders its window (engine/intake.py reads it only a little ahead).
+        self.orders_ahead = orders_ahead
+
+    def ready(self) -> int:
+        att = self.host.attached
+        if att is None or att.ended:
+            return 0
+        try:
+            return att.ready()
+        except Exception as exc:
+            self.host._finish(att, exc)
+            return 0
+
+    def __iter__(self) -> Iterator[GenRequest]:
+        return self
+
+    def __next__(self) -> GenRequest:
+        host = self.host
+        att = host.attached
+        if att is not None and not att.ended:
+            try:
+                req = next(att.it)
+            except StopIteration:
+                att.ended = True
+                host._check(att)
+                return WAKE
+            except Exception as exc:
+                host._finish(att, exc)
+                return WAKE
+            att.keys.add(req.key)
+            return req
+        if att is not None:
+            # Asked to wait with no row running and nothing waiting: all of the lease's
+            # lines came back (a lost one would otherwise hold its task forever).
+            if att.keys:
+                log.warning("lease of %s left %d lines unanswered", host.model, len(att.keys))
+            host._finish(att)
+        online = host.online
+        with host._cond:
+            while True:
+                if online is not None and online.waiting():
+                    return WAKE
+                if host.attached is not None:
+                    return WAKE  # a lease came: the engine asks again
+                if host.stopping:
+                    raise StopIteration
+                host._cond.wait()
