@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from batchwright.engine.intake import Unit
 from batchwright.engine.paged import PagedCache
 from batchwright.engine.prefix import PrefixBlocks, prefix_blocks
-
-if TYPE_CHECKING:
-    from batchwright.engine.slots import Slots
+from batchwright.engine.prefix_attention import CachedPrompts
+from batchwright.engine.prefix_attention import plan as plan_cached
+from batchwright.engine.slots import Slots
 
 
 @dataclass(eq=False)
@@ -51,3 +51,21 @@ def place(
         dest = cache.prompt_dest(taken[0], length)[cached:]
         out.append(Placement(u, taken, length, total, dest, cached))
     return out
+
+
+def cached_prompts(
+    cache: PagedCache,
+    rows: int,
+    placed: Sequence[Placement],
+    bounds: Sequence[tuple[int, int]],
+    backend: str,
+) -> CachedPrompts | None:
+    """The attention plan of the placed prompts with a cached prefix (`bounds`: their new
+    tokens in the packed row, counted after the `rows` decode rows)."""
+    spans = [
+        (rows + s, rows + e, p.cached) for (s, e), p in zip(bounds, placed, strict=True) if p.cached
+    ]
+    if not spans:
+        return None
+    table = cache.host_rows([p.slot for p in placed if p.cached])
+    return plan_cached(spans, table, native=backend == "native")

@@ -24,12 +24,11 @@ runs the step again: how the scheduler's graph path runs, and is checked, on CPU
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from batchwright.engine.scheduler import Scheduler
+from batchwright.engine.sampler import Sampler
 
 Body = Callable[[], torch.Tensor]
 # The smallest KV-length bucket (one CUDA block).
@@ -85,15 +84,27 @@ def capture_for(device: torch.device) -> Capture:
     return CudaCapture(device) if device.type == "cuda" else EagerCapture()
 
 
+class Decoder(Protocol):
+    """What a captured step runs (the scheduler is one)."""
+
+    sampler: Sampler
+    context_length: int
+
+    def decode_body(self, n: int, max_k: int) -> torch.Tensor:
+        """The device work of a decode step over slots [0, n) reading at most `max_k`
+        keys, from long-lived tensors only: the packed sampler output."""
+        ...
+
+
 class DecodeGraphs:
     """Decode steps of a scheduler by graph, one per (rows, KV-length bucket)."""
 
-    def __init__(self, sched: Scheduler, capture: Capture) -> None:
+    def __init__(self, sched: Decoder, capture: Capture) -> None:
         if sched.sampler.shortcut:
             raise ValueError("a captured step needs the sampler's one fixed graph")
         self.sched = sched
         self.capture = capture
-        self.cap = sched.e.lm.context_length
+        self.cap = sched.context_length
         self.graphs: dict[tuple[int, int], Replay] = {}
         self.replays = 0
 
@@ -105,19 +116,9 @@ class DecodeGraphs:
         key = (n, kv_bucket(max_k, self.cap))
         replay = self.graphs.get(key)
         if replay is None:
-            packed, self.graphs[key] = self.capture.first(lambda: self._body(*key))
+            packed, self.graphs[key] = self.capture.first(lambda: self.sched.decode_body(*key))
         else:
             packed = replay()
             self.replays += 1
         sampler.commit(n)
-        return packed
-
-    def _body(self, n: int, max_k: int) -> torch.Tensor:
-        """The device work of a decode step, from long-lived tensors only."""
-        sched = self.sched
-        s = sched.slots
-        plan = sched.decode_plan(n, max_k)
-        logits = sched.e.forward_step(s.tokens[:n], s.lens[:n], None, plan)
-        packed = sched.sampler.core(logits)
-        s.advance(n, packed[:, 0].long())
         return packed

@@ -14,13 +14,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Generator, Hashable, Iterable, Set
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from batchwright.engine.jobs import Job, Seq, bad_request
+from batchwright.engine.parts import Requests
 from batchwright.engine.types import WAKE, GenRequest, GenResult
-
-if TYPE_CHECKING:
-    from batchwright.engine.runtime import Engine
 
 # Requests read ahead, in multiples of max_rows: longest-first admission needs a window
 # wider than the batch to keep the end of a file from draining on a few long rows
@@ -59,7 +57,7 @@ def _order(unit: Unit) -> tuple[bool, int]:
 
 
 class Intake:
-    def __init__(self, engine: Engine, requests: Iterable[GenRequest]) -> None:
+    def __init__(self, engine: Requests, requests: Iterable[GenRequest]) -> None:
         self.e = engine
         self.it = iter(requests)
         self._ready: Callable[[], int] | None = getattr(requests, "ready", None)

@@ -17,16 +17,17 @@ of `run` like any other; which keys are online is the caller's to know.
 from __future__ import annotations
 
 from collections.abc import Generator, Set
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from batchwright.engine import preempt
 from batchwright.engine.intake import Intake, Unit, units_of
 from batchwright.engine.jobs import bad_request
+from batchwright.engine.paged import PagedCache
+from batchwright.engine.parts import Parts
+from batchwright.engine.sampler import Sampler
+from batchwright.engine.slots import Slots
 from batchwright.engine.streaming import Delta, JobStream
 from batchwright.engine.types import GenRequest, GenResult
-
-if TYPE_CHECKING:
-    from batchwright.engine.scheduler import Scheduler
 
 
 class OnlineFeed(Protocol):
@@ -51,10 +52,21 @@ class OnlineFeed(Protocol):
         ...
 
 
+class Loop(Protocol):
+    """What a lane uses of the batching loop (the scheduler is one)."""
+
+    e: Parts
+    cache: PagedCache
+    slots: Slots
+    sampler: Sampler
+
+    def kv_cost(self, unit: Unit) -> int: ...
+
+
 class Lane:
     """The online requests of one run: waiting (in arrival order) and streaming."""
 
-    def __init__(self, sched: Scheduler, intake: Intake, feed: OnlineFeed | None) -> None:
+    def __init__(self, sched: Loop, intake: Intake, feed: OnlineFeed | None) -> None:
         self.s = sched
         self.intake = intake
         self.feed = feed
@@ -127,10 +139,10 @@ class Lane:
             u.job.admitted = self._round
 
     def _preempt(self) -> bool:
-        job = preempt.youngest(self.s)
+        job = preempt.youngest(self.s.slots)
         if job is None:
             return False
-        rows = preempt.preempt(self.s, self.intake, job)
+        rows = preempt.preempt(self.s.slots, self.s.sampler, self.intake, job)
         if self.feed is not None:
             self.feed.preempted(1, rows)
         return True

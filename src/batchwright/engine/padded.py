@@ -11,18 +11,15 @@ correctness, not speed (tests check it gives the same text as the fast one).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
 
+from batchwright.engine.admission import Placement
 from batchwright.engine.backends import gather
 from batchwright.engine.paged import PagedCache
-
-if TYPE_CHECKING:
-    from batchwright.engine.admission import Placement
-    from batchwright.engine.runtime import Engine
-    from batchwright.engine.slots import Slots
+from batchwright.engine.parts import ForwardLast
+from batchwright.engine.slots import Slots
 
 
 def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -34,9 +31,11 @@ def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def padded_prefill(engine: Engine, paged: PagedCache, placed: Sequence[Placement]) -> torch.Tensor:
+def padded_prefill(
+    forward: ForwardLast, paged: PagedCache, placed: Sequence[Placement]
+) -> torch.Tensor:
     """Logits [prompts, vocab] at each prompt's last token; keys and values stored."""
-    dev = engine.lm.device
+    dev = paged.device
     width = max(p.length for p in placed)
     ids = torch.zeros((len(placed), width), dtype=torch.long)
     mask = torch.zeros((len(placed), width), dtype=torch.long)
@@ -46,7 +45,7 @@ def padded_prefill(engine: Engine, paged: PagedCache, placed: Sequence[Placement
     ids, mask = ids.to(dev), mask.to(dev)
     positions = (mask.cumsum(1) - 1).clamp(min=0)
     cache = DynamicCache()
-    logits = engine.forward_last(ids, mask, positions, cache)
+    logits = forward(ids, mask, positions, cache)
     dest = torch.tensor([d for p in placed for d in p.dest], device=dev)
     for layer, (k, v) in enumerate(_layers(cache)):
         # [prompts, heads, width, dim] -> each prompt's own tokens as [tokens, heads, dim]
@@ -56,7 +55,7 @@ def padded_prefill(engine: Engine, paged: PagedCache, placed: Sequence[Placement
     return logits
 
 
-def padded_decode(engine: Engine, paged: PagedCache, slots: Slots, n: int) -> torch.Tensor:
+def padded_decode(forward: ForwardLast, paged: PagedCache, slots: Slots, n: int) -> torch.Tensor:
     """One decode step for slots [0, n) (dead slots attend to their new token only)."""
     lens = slots.lens[:n]
     width = max((slots.hlen[i] for i in range(n) if slots.seqs[i] is not None), default=0)
@@ -67,7 +66,7 @@ def padded_decode(engine: Engine, paged: PagedCache, slots: Slots, n: int) -> to
         cache.update(keys, values, layer)
     cols = torch.arange(width + 1, device=lens.device)[None, :]
     mask = ((cols < lens[:, None]) | (cols == width)).long()
-    logits = engine.forward_last(slots.tokens[:n, None], mask, lens[:, None], cache)
+    logits = forward(slots.tokens[:n, None], mask, lens[:, None], cache)
     dest = paged.decode_dest(lens, slots.alive[:n])
     for layer, (k, v) in enumerate(_layers(cache)):
         paged.write(layer, k[:, :, width], v[:, :, width], dest)

@@ -16,14 +16,12 @@ to the line, not to the run (usage reports the cached tokens of the first prefil
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
+from batchwright.engine.intake import Intake
 from batchwright.engine.jobs import Job, Seq, row_rng
+from batchwright.engine.sampler import Sampler
+from batchwright.engine.slots import Slots
 from batchwright.engine.stop import StopChecker
-
-if TYPE_CHECKING:
-    from batchwright.engine.intake import Intake
-    from batchwright.engine.scheduler import Scheduler
 
 
 def restart(job: Job) -> Job:
@@ -40,21 +38,21 @@ def restart(job: Job) -> Job:
     return fresh
 
 
-def youngest(sched: Scheduler) -> Job | None:
+def youngest(slots: Slots) -> Job | None:
     """The batch job with running rows that was admitted last."""
     best: Job | None = None
-    for q in sched.slots.seqs:
+    for q in slots.seqs:
         if q is not None and not q.job.online and (best is None or q.job.admitted > best.admitted):
             best = q.job
     return best
 
 
-def preempt(sched: Scheduler, intake: Intake, job: Job) -> int:
+def preempt(slots: Slots, sampler: Sampler, intake: Intake, job: Job) -> int:
     """Take `job`'s rows away and put it back at the front of the waiting lines; returns
     the rows freed."""
-    rows = [i for i, q in enumerate(sched.slots.seqs) if q is not None and q.job is job]
-    sched.slots.finish(rows)
-    sched.sampler.release(rows)
+    rows = [i for i, q in enumerate(slots.seqs) if q is not None and q.job is job]
+    slots.finish(rows)
+    sampler.release(rows)
     intake.drop({job.key})  # its prompts still waiting for rows start over too
     intake.requeue(restart(job))
     return len(rows)

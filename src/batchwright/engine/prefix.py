@@ -27,13 +27,10 @@ from typing import TYPE_CHECKING
 
 from batchwright.engine.blocks import SCRATCH, BlockAllocator, OutOfBlocks
 from batchwright.engine.paged import PagedCache
-from batchwright.engine.prefix_attention import CachedPrompts
-from batchwright.engine.prefix_attention import plan as plan_cached
+from batchwright.registry import ModelSpec
 
 if TYPE_CHECKING:
-    from batchwright.engine.admission import Placement
     from batchwright.engine.intake import Unit
-    from batchwright.engine.runtime import Engine
 
 Key = tuple[int, ...]
 
@@ -218,11 +215,10 @@ def attach(cache: PagedCache, idle_tokens: int) -> PrefixBlocks:
     return index
 
 
-def enabled(engine: Engine, cache: PagedCache) -> PrefixBlocks | None:
+def enabled(spec: ModelSpec, varlen: bool, cache: PagedCache) -> PrefixBlocks | None:
     """The run's prefix index, or None: turned off in the registry, or a model on the
-    padded path (its prefill recomputes whole prompts)."""
-    spec = engine.spec
-    if not spec.prefix_cache or not engine.lm.varlen:
+    padded path (`varlen` false: its prefill recomputes whole prompts)."""
+    if not spec.prefix_cache or not varlen:
         return None
     idle = spec.prefix_cache_tokens
     if idle is None:
@@ -238,21 +234,3 @@ def admission_costs(
         return kv_cost, None
     planned = Planned(index, kv_cost)
     return planned.blocks, planned.tokens
-
-
-def cached_prompts(
-    cache: PagedCache,
-    rows: int,
-    placed: Sequence[Placement],
-    bounds: Sequence[tuple[int, int]],
-    backend: str,
-) -> CachedPrompts | None:
-    """The attention plan of the placed prompts with a cached prefix (`bounds`: their new
-    tokens in the packed row, counted after the `rows` decode rows)."""
-    spans = [
-        (rows + s, rows + e, p.cached) for (s, e), p in zip(bounds, placed, strict=True) if p.cached
-    ]
-    if not spans:
-        return None
-    table = cache.host_rows([p.slot for p in placed if p.cached])
-    return plan_cached(spans, table, native=backend == "native")

@@ -14,6 +14,7 @@ from batchwright.engine.jobs import Job, PromptScores, prepare
 from batchwright.engine.loader import LoadedModel, load_model
 from batchwright.engine.paged import PagedCache, block_size_for, pool_blocks
 from batchwright.engine.result import build_result
+from batchwright.engine.scheduler import Scheduler
 from batchwright.engine.token_keys import TokenKeys
 from batchwright.engine.types import GenRequest, GenResult
 from batchwright.registry import ModelSpec
@@ -93,8 +94,6 @@ class Engine:
         """Results as requests complete. `cancelled`, called at most once per step, returns
         request keys to drop at once (running or waiting); no result comes for them.
         `online`: requests admitted ahead of `requests`, streamed (engine/online.py)."""
-        from batchwright.engine.scheduler import Scheduler
-
         return Scheduler(self).run(requests, cancelled, online)
 
     # --- cache ---------------------------------------------------------------------------

@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from batchwright.engine import prefix
-from batchwright.engine.admission import Placement, place
+from batchwright.engine.admission import Placement, cached_prompts, place
 from batchwright.engine.attention import Step, decode_runs, fixed_runs
 from batchwright.engine.backends import VarlenArgs
 from batchwright.engine.graphs import DecodeGraphs, capture_for
@@ -32,13 +32,11 @@ from batchwright.engine.intake import Intake, Unit
 from batchwright.engine.jobs import Seq
 from batchwright.engine.online import Lane, OnlineFeed
 from batchwright.engine.padded import padded_decode, padded_prefill
+from batchwright.engine.parts import Parts
 from batchwright.engine.sampler import Sampler
 from batchwright.engine.sampling import StepOut
 from batchwright.engine.slots import Slots
 from batchwright.engine.types import GenRequest, GenResult
-
-if TYPE_CHECKING:
-    from batchwright.engine.runtime import Engine
 
 Cancelled = Callable[[], AbstractSet[Any]]
 
@@ -50,13 +48,15 @@ _GPU_RUN = 64
 
 
 class Scheduler:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Parts) -> None:
         self.e = engine
         self.device = engine.lm.device
         self.vocab = engine.lm.vocab_size
+        self.context_length = engine.lm.context_length
         self.backend = engine.attention_backend
         captured = engine.spec.cuda_graphs and self.backend == "varlen"
-        self.slots = Slots(engine, fixed=self.device.type == "cuda" or captured)
+        fixed_rows = self.device.type == "cuda" or captured
+        self.slots = Slots(engine.new_cache(), engine.max_rows, fixed=fixed_rows)
         self.cache = self.slots.cache
         # Sampler slots 0..max_rows-1 are the batch slots; the rest take the candidates
         # being admitted until their first token is drawn. A captured step runs the one
@@ -66,7 +66,7 @@ class Scheduler:
             fixed = {"shortcut": False, "compile": self.device.type == "cuda"}
         self.sampler = Sampler(2 * engine.max_rows, self.vocab, self.device, **fixed)
         self.graphs = DecodeGraphs(self, capture_for(self.device)) if captured else None
-        self.prefix = prefix.enabled(engine, self.cache)
+        self.prefix = prefix.enabled(engine.spec, engine.lm.varlen, self.cache)
         # On CUDA the host works one step behind: it records step t's tokens while step
         # t + 1 runs (rows that finished run one extra step, dropped). On CPU nothing runs
         # while the host works, so the extra step would only cost.
@@ -174,7 +174,7 @@ class Scheduler:
         plan = Step(self.cache, n, torch.cat(dest) if placed else dest[0], fresh, self.backend)
         self._plan_attention(plan, n, placed)
         if self.backend != "varlen":
-            plan.cached = prefix.cached_prompts(self.cache, n, placed, bounds, self.backend)
+            plan.cached = cached_prompts(self.cache, n, placed, bounds, self.backend)
         keep: torch.Tensor | None = None
         if placed:
             keep = s.host_long([*range(n), *(n + e - 1 for _, e in bounds)])
@@ -215,6 +215,15 @@ class Scheduler:
         plan.varlen = self._varlen_args(n, [], max_k)
         return plan
 
+    def decode_body(self, n: int, max_k: int) -> torch.Tensor:
+        """The device work of a steady decode step, from long-lived tensors only (what
+        graphs.py records): the forward, the sampler's fixed graph, the advance."""
+        s = self.slots
+        logits = self.e.forward_step(s.tokens[:n], s.lens[:n], None, self.decode_plan(n, max_k))
+        packed = self.sampler.core(logits)
+        s.advance(n, packed[:, 0].long())
+        return packed
+
     def _varlen_args(self, n: int, placed: Sequence[Placement], max_k: int) -> VarlenArgs:
         """Decode rows (one query, dead rows read one scratch token) then prompts."""
         s = self.slots
@@ -244,10 +253,10 @@ class Scheduler:
         s = self.slots
         done = []
         if n:
-            logits = padded_decode(self.e, self.cache, s, n)
+            logits = padded_decode(self.e.forward_last, self.cache, s, n)
             done = self._advance(n, logits)
         if placed:
-            done += self._admit(placed, padded_prefill(self.e, self.cache, placed))
+            done += self._admit(placed, padded_prefill(self.e.forward_last, self.cache, placed))
         return done
 
     def _advance(self, n: int, logits: torch.Tensor) -> list[GenResult]:
@@ -310,7 +319,7 @@ class Scheduler:
         j = 0
         for p in placed:
             running = [c for c in range(len(p.unit.seqs)) if j + c in kept]
-            got = s.settle(p, [seqs[j + c] for c in running])
+            got = s.settle(p.slots, p.length, p.total, [seqs[j + c] for c in running])
             rows += [j + c for c in running]
             slots += got
             j += len(p.unit.seqs)

@@ -12,16 +12,11 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
 from batchwright.engine.jobs import Seq
 from batchwright.engine.paged import PagedCache
-
-if TYPE_CHECKING:
-    from batchwright.engine.admission import Placement
-    from batchwright.engine.runtime import Engine
 
 # Row counts a CUDA step runs at (a captured graph per bucket); above the last, max_rows.
 BUCKETS = (8, 16, 32, 64, 128, 256)
@@ -36,12 +31,12 @@ def bucket(rows: int, max_rows: int, fixed: bool) -> int:
 
 
 class Slots:
-    def __init__(self, engine: Engine, fixed: bool) -> None:
-        dev = engine.lm.device
+    def __init__(self, cache: PagedCache, max_rows: int, fixed: bool) -> None:
+        dev = cache.device
         self.device = dev
         self.fixed = fixed  # steps run at bucket sizes (see `bucket`)
-        self.max_rows = r = engine.max_rows
-        self.cache: PagedCache = engine.new_cache()
+        self.max_rows = r = max_rows
+        self.cache = cache
         self.tokens = torch.zeros(r, dtype=torch.long, device=dev)
         self.lens = torch.zeros(r, dtype=torch.long, device=dev)  # tokens in the cache
         self.alive = torch.zeros(r, dtype=torch.bool, device=dev)
@@ -89,20 +84,22 @@ class Slots:
         while self.top and self.seqs[self.top - 1] is None and (self.top - 1) in self._free:
             self.top -= 1
 
-    def settle(self, p: Placement, running: list[Seq]) -> list[int]:
-        """Slots for the `running` candidates of a prefilled prompt; the rest are freed."""
+    def settle(self, taken: list[int], length: int, total: int, running: list[Seq]) -> list[int]:
+        """Slots for the `running` candidates of a prompt of `length` tokens prefilled
+        into the blocks of `taken[0]` (rows of `total` tokens at most); the rest of
+        `taken` are freed."""
         cache = self.cache
-        use, spare = p.slots[: len(running)], p.slots[len(running) :]
+        use, spare = taken[: len(running)], taken[len(running) :]
         if not running:
-            cache.release(p.slots[0])
+            cache.release(taken[0])
         bs = cache.block_size
         for dst in use[1:]:
-            block = cache.fork(use[0], dst, p.length, p.total)
+            block = cache.fork(use[0], dst, length, total)
             if block is not None:
-                cache.copy_block(cache.blocks[use[0]][p.length // bs], block)
+                cache.copy_block(cache.blocks[use[0]][length // bs], block)
         for slot, seq in zip(use, running, strict=True):
             self.seqs[slot] = seq
-            self.hlen[slot] = p.length
+            self.hlen[slot] = length
         self.give(spare)
         return use
 

@@ -18,14 +18,12 @@ sequence, so what was streamed is always a prefix of the final lists.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from batchwright.engine.jobs import Job, Seq
+from batchwright.engine.parts import Text
 from batchwright.engine.result import LogprobsBuilder, choice_text, kept_tokens
 from batchwright.engine.stop import IncrementalText
-
-if TYPE_CHECKING:
-    from batchwright.engine.runtime import Engine
 
 Delta = dict[str, Any]
 
@@ -33,7 +31,7 @@ Delta = dict[str, Any]
 class ChoiceStream:
     """What one candidate sent so far."""
 
-    def __init__(self, engine: Engine, job: Job, seq: Seq, index: int) -> None:
+    def __init__(self, engine: Text, job: Job, seq: Seq, index: int) -> None:
         self.e, self.job, self.seq, self.index = engine, job, seq, index
         self.text = IncrementalText(engine.decode)
         self.seen = 0  # generated tokens decoded into `text`
@@ -114,7 +112,7 @@ class JobStream:
     Only requests whose candidates are their choices stream (`best_of` > `n` picks the
     choices at the end: OpenAI refuses it with `stream`)."""
 
-    def __init__(self, engine: Engine, job: Job) -> None:
+    def __init__(self, engine: Text, job: Job) -> None:
         n = job.req.n
         self.choices = [ChoiceStream(engine, job, s, s.prompt_index * n + s.cand) for s in job.seqs]
 
