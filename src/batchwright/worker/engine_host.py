@@ -143,12 +143,17 @@ class EngineHost:
     # --- the loop --------------------------------------------------------------------------
 
     def _run(self) -> None:
+        # Announced while the model loads: a request sent meanwhile waits in Redis for
+        # it (its queue timeout runs) instead of a 503 for a worker about to serve it.
+        if self._start_online is not None:
+            self.online = self._start_online(self)
         try:
             self.engine = self._load()
-            if self._start_online is not None:
-                self.online = self._start_online(self)
         except Exception:
             log.exception("could not load %s", self.model)
+            if self.online is not None:
+                self.online.stop()
+                self.online.leave()
             return
         finally:
             self.loaded.set()

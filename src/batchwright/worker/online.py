@@ -108,7 +108,10 @@ class OnlineWork:
                 self._stop.wait(beat)
 
     def _has_room(self, wait: float) -> bool:
-        """True when the engine can start one more request; else waits up to `wait`."""
+        """True when the engine can start one more request; else waits up to `wait` (its
+        model may still be loading)."""
+        if not self.host.loaded.wait(wait):
+            return False
         with self._lock:
             if len(self._inbox) + len(self.live) < self.host.engine.max_rows:
                 return True
