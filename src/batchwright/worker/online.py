@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from batchwright.config import Settings
 from batchwright.engine.types import GenRequest, GenResult
@@ -30,7 +30,7 @@ from batchwright.relay.worker_side import Taken, WorkerEvent
 from batchwright.worker import metrics
 
 if TYPE_CHECKING:
-    from batchwright.worker.engine_host import EngineHost
+    from batchwright.engine.runtime import Engine
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +40,25 @@ _STREAM_FIELDS = ("stream", "stream_options")
 REAP_SECONDS = 2.0
 
 
+class Host(Protocol):
+    """What online work uses of its engine host (engine_host.EngineHost hands itself in;
+    a protocol, so that the two modules do not import each other)."""
+
+    model: str
+    engine: Engine
+    loaded: threading.Event
+    online: OnlineWork | None
+
+    def wake(self) -> None: ...
+
+
 def worker_id() -> str:
     """The worker as the relay knows it (as its heartbeat row: host and pid)."""
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class OnlineWork:
-    def __init__(self, host: EngineHost, settings: Settings) -> None:
+    def __init__(self, host: Host, settings: Settings) -> None:
         self.host = host
         self.model = host.model
         self.settings = settings
@@ -230,7 +242,7 @@ class OnlineWork:
         self._flush()
 
 
-def start_online(host: EngineHost, settings: Settings) -> OnlineWork:
+def start_online(host: Host, settings: Settings) -> OnlineWork:
     work = OnlineWork(host, settings)
     host.online = work
     work.start()
