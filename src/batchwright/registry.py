@@ -56,6 +56,10 @@ class ModelSpec(BaseModel):
     # step either way; a reserve only spares the preempted lines' recomputation, and costs
     # the batch those rows whether online traffic comes or not.
     online_rows: int = Field(default=0, ge=0)
+    # A Jinja chat template file for /v1/chat/completions lines (relative paths are read
+    # from `path`); default: the tokenizer's own (tokenizer_config.json or
+    # chat_template.jinja). A model with neither answers chat lines with a 400.
+    chat_template: Path | None = None
 
 
 class Registry(BaseModel):

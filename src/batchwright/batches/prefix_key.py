@@ -7,6 +7,9 @@ runs without the model), so the key is a digest of the prompt's start: its first
 prompt of the line. Lines that agree there share a key, and a claim hands out a batch's
 lines ordered by key and then by line number. Grouping is only an order: whatever the key,
 the engine matches exact tokens, and the output file keeps the input order.
+
+A chat line's key is the same digest of its messages' start (role and text of each, in
+order): its template renders them in that order, so a shared system prompt shares a key.
 """
 
 from __future__ import annotations
@@ -21,8 +24,25 @@ PREFIX_CHARS = 256
 PREFIX_IDS = 64
 
 
+def _messages_text(messages: list[object]) -> str | None:
+    parts: list[str] = []
+    for m in messages:
+        if not isinstance(m, dict):
+            return None
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        parts.append(f"{m.get('role')}\x00{content}\x00")
+        if sum(len(p) for p in parts) >= PREFIX_CHARS:
+            break
+    return "".join(parts)
+
+
 def prefix_key(prompt: object) -> str | None:
-    """16 hex digits, or None for a prompt of no known shape (it fails validation)."""
+    """16 hex digits, or None for a prompt of no known shape (it fails validation).
+    `prompt`: a completion's prompt or a chat line's messages."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+        prompt = _messages_text(prompt)
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):

@@ -3,11 +3,14 @@
 Enqueued lines: lines of the project's batches in progress. Enqueued tokens (OpenAI's
 enqueued-token limit): prompt tokens plus max_tokens for every completion a line asks for.
 Prompt tokens are counted with the model's tokenizer (tokenizer.json, torch-free) where the
-validating worker can read it, else estimated at 4 bytes of UTF-8 per token.
+validating worker can read it, else estimated at 4 bytes of UTF-8 per token. A chat line
+counts its messages' text plus a few tokens per message for the template, and a line
+without a completion limit counts the model's context length.
 """
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -16,7 +19,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from batchwright.db.models import Batch, Project
-from batchwright.protocol.completions import CompletionRequest
+from batchwright.protocol.chat import ChatCompletionRequest
+from batchwright.protocol.endpoints import LineRequest
 from batchwright.registry import Registry
 
 
@@ -32,12 +36,29 @@ def _tokenizer(path: str) -> Any:
     return Tokenizer.from_file(str(file))
 
 
+# Template tokens per chat message (role markers, separators), as OpenAI counts them.
+_PER_MESSAGE = 4
+_DEFAULT_CONTEXT = 2048
+
+
+@lru_cache(maxsize=8)
+def _context_length(path: str) -> int:
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+        return int(config.get("max_position_embeddings") or _DEFAULT_CONTEXT)
+    except (OSError, ValueError, TypeError):
+        return _DEFAULT_CONTEXT
+
+
 class TokenCounter:
     """Counts a line's enqueued tokens for one model."""
 
     def __init__(self, registry: Registry, model: str | None) -> None:
         spec = registry.get(model) if model else None
         self.tokenizer = _tokenizer(str(spec.path)) if spec is not None else None
+        self.context = (spec.context_length if spec else None) or (
+            _context_length(str(spec.path)) if spec else _DEFAULT_CONTEXT
+        )
 
     def prompt_tokens(self, prompt: str | list[int]) -> int:
         if not isinstance(prompt, str):
@@ -47,7 +68,11 @@ class TokenCounter:
             return len(ids)
         return -(-len(prompt.encode()) // 4)
 
-    def line(self, request: CompletionRequest) -> int:
+    def line(self, request: LineRequest) -> int:
+        if isinstance(request, ChatCompletionRequest):
+            text = sum(self.prompt_tokens(m.text) + _PER_MESSAGE for m in request.messages)
+            limit = request.max_new_tokens
+            return text + request.n * (limit if limit is not None else self.context)
         prompt = request.prompt
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             prompts = [prompt]

@@ -24,9 +24,9 @@ from batchwright.protocol.batches import (
     ListObject,
     RequestCounts,
 )
+from batchwright.protocol.endpoints import ENDPOINTS
 from batchwright.worker.dispatch import VALIDATE, enqueue
 
-ENDPOINTS = {"/v1/completions"}
 WINDOWS = {"24h"}
 
 
@@ -34,7 +34,7 @@ def create_batch(session: Session, project_id: str, req: CreateBatch, settings: 
     if req.endpoint not in ENDPOINTS:
         raise InvalidRequest(
             f"Invalid value for 'endpoint': {req.endpoint[:64]!r}. "
-            "batchwright supports '/v1/completions'.",
+            f"batchwright supports {' and '.join(repr(e) for e in ENDPOINTS)}.",
             param="endpoint",
             code="invalid_value",
         )

@@ -18,7 +18,7 @@ from batchwright.batches.quotas import TokenCounter, over_limit
 from batchwright.config import Settings
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.files.storage import iter_lines
-from batchwright.protocol.completions import CompletionRequest, check_completion_body
+from batchwright.protocol.endpoints import ENDPOINTS, LineRequest, check_body
 from batchwright.registry import Registry
 
 MAX_REPORTED_ERRORS = 100
@@ -63,7 +63,9 @@ class _Rows:
             self.pending = []
 
 
-def _parse_line(raw: bytes, line_no: int) -> tuple[dict[str, Any] | None, LineError | None]:
+def _parse_line(
+    raw: bytes, line_no: int, endpoint: str
+) -> tuple[dict[str, Any] | None, LineError | None]:
     def err(code: str, message: str, param: str | None = None) -> LineError:
         return LineError(code, line_no, f"Line {line_no}: {message}", param)
 
@@ -87,9 +89,13 @@ def _parse_line(raw: bytes, line_no: int) -> tuple[dict[str, Any] | None, LineEr
         )
     if obj.get("method") != "POST":
         return None, err("invalid_method", "'method' must be 'POST'.", "method")
-    if obj.get("url") != "/v1/completions":
+    url = obj.get("url")
+    if url not in ENDPOINTS:
+        return None, err("invalid_url", f"'url' must be one of {', '.join(ENDPOINTS)}.", "url")
+    if url != endpoint:
+        # OpenAI's code: a file holds lines of its batch's endpoint only.
         return None, err(
-            "invalid_url", "'url' must be '/v1/completions', the batch's endpoint.", "url"
+            "url_mismatch", f"'url' is {url!r}, but the batch's endpoint is {endpoint!r}.", "url"
         )
     body = obj.get("body")
     if not isinstance(body, dict):
@@ -100,16 +106,16 @@ def _parse_line(raw: bytes, line_no: int) -> tuple[dict[str, Any] | None, LineEr
 
 
 def _body_row(
-    line_no: int, custom_id: str, body: dict[str, Any], settings: Settings
-) -> tuple[dict[str, Any], CompletionRequest | None]:
+    line_no: int, custom_id: str, body: dict[str, Any], settings: Settings, endpoint: str
+) -> tuple[dict[str, Any], LineRequest | None]:
     """The request row for a line: queued, or failed with the 400 the model would give.
 
     Whatever a body makes the checks raise is that line's 400, never the batch's problem:
     an exception here would leave the whole batch validating while it is re-driven."""
     row: dict[str, Any] = {"line_no": line_no, "custom_id": custom_id, "state": "queued"}
-    request: CompletionRequest | None = None
+    request: LineRequest | None = None
     try:
-        request, error = check_completion_body(body, settings.max_sequences_per_line)
+        request, error = check_body(endpoint, body, settings.max_sequences_per_line)
         row["body"] = orjson.dumps(body).decode()
     except Exception as exc:
         # orjson stores at most 254 levels of nesting; RecursionError and the like too.
@@ -163,7 +169,7 @@ def scan_input(session: Session, batch: Batch, registry: Registry, settings: Set
                 )
             )
             break
-        obj, error = _parse_line(raw, line_no)
+        obj, error = _parse_line(raw, line_no, batch.endpoint)
         if error is not None or obj is None:
             if fail(error):  # type: ignore[arg-type]
                 break
@@ -210,8 +216,8 @@ def scan_input(session: Session, batch: Batch, registry: Registry, settings: Set
             continue
         if out.errors:
             continue  # the batch fails anyway: keep scanning for errors, store nothing
-        row, request = _body_row(line_no, custom_id, body, settings)
-        row["prefix_key"] = prefix_key(body.get("prompt"))
+        row, request = _body_row(line_no, custom_id, body, settings, batch.endpoint)
+        row["prefix_key"] = prefix_key(body.get("prompt", body.get("messages")))
         if request is not None and row["state"] == "queued":
             counter = counter or TokenCounter(registry, out.model)
             out.tokens += counter.line(request)

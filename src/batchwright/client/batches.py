@@ -24,6 +24,7 @@ from batchwright.client.common import (
     when,
 )
 from batchwright.client.watch import TERMINAL, watch_batch
+from batchwright.protocol.endpoints import file_endpoint
 
 app = typer.Typer(help="Batches on a running service (submit, watch, download …).",
                   no_args_is_help=True)  # fmt: skip
@@ -94,7 +95,7 @@ def submit(
         file = client.files.create(file=(path.name, fh), purpose="batch")
     batch = client.batches.create(
         input_file_id=file.id,
-        endpoint="/v1/completions",
+        endpoint=file_endpoint(path),  # type: ignore[arg-type]
         completion_window="24h",
         metadata=meta or openai.omit,
     )

@@ -16,6 +16,13 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 EOS_TOKEN = "<|endoftext|>"
+# The demo's chat template (transformers reads chat_template.jinja beside the tokenizer):
+# one "role: text" line per message, then "assistant:" for the reply to come.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+TEMPLATE_FILE = "chat_template.jinja"
 
 _CORPUS = """
 The quick brown fox jumps over the lazy dog. A batch of requests arrives at the server,
@@ -108,7 +115,16 @@ def build_demo_model(
         model = LlamaForCausalLM(config)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    (out / TEMPLATE_FILE).write_text(CHAT_TEMPLATE, encoding="utf-8")
     return out
+
+
+def _add_template(out: Path) -> None:
+    """A demo model built before chat lines existed gets its template: one new file,
+    renamed into place, so a process loading the model meanwhile sees it whole or not."""
+    tmp = out / f".{TEMPLATE_FILE}.{os.getpid()}"
+    tmp.write_text(CHAT_TEMPLATE, encoding="utf-8")
+    os.replace(tmp, out / TEMPLATE_FILE)
 
 
 def ensure_demo_model(path: str | Path) -> Path:
@@ -116,11 +132,13 @@ def ensure_demo_model(path: str | Path) -> Path:
     file lock; each build goes to a private folder renamed into place, so no process ever
     loads a half-written model."""
     out = Path(path)
-    if (out / "config.json").exists():
+    if (out / "config.json").exists() and (out / TEMPLATE_FILE).exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out) + ".lock"):
         if (out / "config.json").exists():
+            if not (out / TEMPLATE_FILE).exists():
+                _add_template(out)
             return out  # another process built it while this one waited
         tmp = out.parent / f".{out.name}.build-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)

@@ -105,7 +105,7 @@ class DecodeGraphs:
         self.sched = sched
         self.capture = capture
         self.cap = sched.context_length
-        self.graphs: dict[tuple[int, int], Replay] = {}
+        self.graphs: dict[tuple[int, int, bool, int], Replay] = {}
         self.replays = 0
 
     def step(self, n: int, max_k: int) -> torch.Tensor:
@@ -113,10 +113,13 @@ class DecodeGraphs:
         packed sampler output (on the device; valid until the next step)."""
         sampler = self.sched.sampler
         sampler.prepare(n)
-        key = (n, kv_bucket(max_k, self.cap))
+        bucket = kv_bucket(max_k, self.cap)
+        # A step with a grammar-constrained row, or one packing more top logprobs, runs
+        # another variant of the sampler's graph (sampler.core).
+        key = (n, bucket, sampler.masked(n), sampler.width(n))
         replay = self.graphs.get(key)
         if replay is None:
-            packed, self.graphs[key] = self.capture.first(lambda: self.sched.decode_body(*key))
+            packed, self.graphs[key] = self.capture.first(lambda: self.sched.decode_body(n, bucket))
         else:
             packed = replay()
             self.replays += 1

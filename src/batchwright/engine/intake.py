@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Generator, Hashable, Iterable, Set
+from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
 
+from batchwright.engine.grammar import grammar_error
 from batchwright.engine.jobs import Job, Seq, bad_request
 from batchwright.engine.parts import Requests
 from batchwright.engine.types import WAKE, GenRequest, GenResult
@@ -97,6 +99,7 @@ class Intake:
         if self._ready is not None and not self.exhausted:
             yield from self._read(wait=False)
         counts: Counter[Hashable] | None = None
+        yield from self._grammar_failures()
         while free > 0:
             if not self.pending:
                 if self.exhausted:
@@ -109,6 +112,14 @@ class Intake:
             at = 0
             if running is not None:
                 at, counts = self._next(running, counts)
+            if not _ready(self.pending[at]):
+                # A line waits for its grammar (grammar.py) without holding the others.
+                at = next((i for i, u in enumerate(self.pending) if _ready(u)), -1)
+                if at < 0:
+                    if units or not idle:
+                        break
+                    yield from self._wait_grammar()
+                    continue
             unit = self.pending[at]
             w = max(width, len(unit.prompt))
             new = len(unit.prompt) if prompt_cost is None else prompt_cost(unit)
@@ -149,6 +160,23 @@ class Intake:
             first.setdefault(u.job.group, i)
         rows = running() if counts is None else counts
         return min(first.items(), key=lambda gi: (rows[gi[0]], gi[1]))[1], rows
+
+    def _grammar_failures(self) -> Generator[GenResult, None, None]:
+        """A 400 for each waiting request whose response_format failed to compile."""
+        failed = {}
+        for u in self.pending:
+            g = u.job.grammar
+            if g is not None and g.done() and (why := grammar_error(g)) is not None:
+                failed[u.job.key] = why
+        if failed:
+            self.drop(set(failed))
+            for key, why in failed.items():
+                yield bad_request(key, why, "response_format", "invalid_response_format")
+
+    def _wait_grammar(self) -> Generator[GenResult, None, None]:
+        """Nothing runs and every waiting line waits for a grammar: wait for one."""
+        futures.wait([u.job.grammar for u in self.pending], return_when=futures.FIRST_COMPLETED)
+        yield from self._grammar_failures()
 
     def drop(self, keys: Set[Any]) -> None:
         """Forget waiting candidates of requests in `keys` (cancelled: no result)."""
@@ -222,3 +250,8 @@ class Intake:
             self._groups.update(u.job.group for u in units)
             self.pending.sort(key=_order)  # stable
         return woke
+
+
+def _ready(unit: Unit) -> bool:
+    """Whether the unit's grammar, if it has one, is compiled (or failed: reported)."""
+    return unit.job.grammar is None or unit.job.grammar.done()

@@ -39,6 +39,7 @@ class Seq:
     finish: str | None = None
     stop_at: int | None = None  # char index of the stop sequence in the generated text
     ended_by_eos: bool = False
+    matcher: Any = None  # the row's grammar matcher when its request has a response_format
 
     @property
     def prompt(self) -> list[int]:
@@ -48,6 +49,8 @@ class Seq:
         """Record a generated token; True when this candidate is finished."""
         self.out_ids.append(token)
         self.out_lps.append(logprob)
+        if self.matcher is not None:
+            self.matcher.consume_token(token)
         if top is not None:
             self.out_tops.append(top)
         job = self.job
@@ -86,6 +89,8 @@ class Job:
     online: bool = False  # ahead of batch lines, never preempted (engine/online.py)
     admitted: int = 0  # the admission round of its latest rows (youngest are preempted first)
     requeued: bool = False  # preempted: back at the front of the waiting lines
+    chat: Any = None  # a chat line's ChatCompletionRequest (engine/chat.py); `req` runs it
+    grammar: Any = None  # Future of the compiled response_format (grammar.py), if any
     id: str = field(default_factory=lambda: "cmpl-" + secrets.token_urlsafe(18))
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -159,6 +164,30 @@ def prepare(
                 "context_length_exceeded",
             )
         prompts.append(ids)
+    return build_job(
+        greq,
+        req,
+        prompts,
+        echo_texts,
+        decode,
+        vocab_size=vocab_size,
+        context_length=context_length,
+        eos_ids=eos_ids,
+    )
+
+
+def build_job(
+    greq: GenRequest,
+    req: CompletionRequest,
+    prompts: list[list[int]],
+    echo_texts: list[str],
+    decode: Decode,
+    *,
+    vocab_size: int,
+    context_length: int,
+    eos_ids: frozenset[int],
+) -> Job | GenResult:
+    """The job of a request whose prompts are tokenized (a chat line's: rendered)."""
     bias: dict[int, float] = {}
     for k, v in (req.logit_bias or {}).items():
         if int(k) >= vocab_size:

@@ -42,6 +42,7 @@ class LoadedModel:
     fingerprint: str
     varlen: bool = False  # the model runs batchwright's variable-length attention
     native_attention: bool = False  # decode attention by the native kernel (native.py)
+    chat_template: str | None = None  # the registry's template; None: the tokenizer's own
 
 
 def resolve_device(name: str) -> torch.device:
@@ -79,7 +80,15 @@ def _file_digest(path: Path) -> str:
 def fingerprint(path: Path, config: dict[str, Any]) -> str:
     h = hashlib.sha256()
     for f in sorted(path.iterdir()):
-        if f.is_file() and f.suffix in {".safetensors", ".bin", ".json", ".model", ".txt"}:
+        # .jinja: chat templates (chat_template.jinja) change what chat lines generate.
+        if f.is_file() and f.suffix in {
+            ".safetensors",
+            ".bin",
+            ".json",
+            ".model",
+            ".txt",
+            ".jinja",
+        }:
             h.update(f.name.encode())
             h.update(_file_digest(f).encode())
     h.update(json.dumps(config, sort_keys=True).encode())
@@ -124,6 +133,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         and dtype == torch.float32
         and paged_attention_kernel() is not None
     )
+    template = _chat_template(spec)
     engine_config = {
         "engine": ENGINE_VERSION,
         "dtype": str(dtype),
@@ -137,6 +147,8 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         "torch": ".".join(torch.__version__.split(".")[:2]),
         "transformers": ".".join(transformers.__version__.split(".")[:2]),
     }
+    if template is not None:
+        engine_config["chat_template"] = hashlib.sha256(template.encode()).hexdigest()[:16]
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -150,7 +162,24 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         fingerprint=fingerprint(path, engine_config),
         varlen=varlen,
         native_attention=native,
+        chat_template=template,
     )
+
+
+def _chat_template(spec: ModelSpec) -> str | None:
+    """The registry entry's template file (relative to the model's folder), if it names
+    one; a file that cannot be read stops the load with the path in the message."""
+    if spec.chat_template is None:
+        return None
+    path = (
+        spec.chat_template if spec.chat_template.is_absolute() else spec.path / spec.chat_template
+    )
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(
+            f"model {spec.name!r}: chat_template {path}: {exc.strerror or exc}"
+        ) from None
 
 
 def _check_supported(config: Any) -> None:

@@ -137,15 +137,7 @@ def build_result(
             cands = sorted(cands, key=lambda s: (-s.score, s.cand))[: req.n]
         for j, seq in enumerate(cands):
             choices.append(_choice(job, seq, p * req.n + j, decode, tok, piece or tok))
-    prompt_tokens = sum(len(p) for p in job.prompts)
-    completion_tokens = sum(len(s.out_ids) for s in job.seqs)
-    cached_tokens = sum(job.cached_tokens.values())
-    usage = CompletionUsage(
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        total_tokens=prompt_tokens + completion_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
-    )
+    usage = result_usage(job)
     completion = Completion(
         id=job.id,
         choices=choices,
@@ -158,7 +150,18 @@ def build_result(
         key=job.key,
         status_code=200,
         completion=completion.model_dump(mode="json"),
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cached_tokens=sum(job.cached_tokens.values()),
+    )
+
+
+def result_usage(job: Job) -> CompletionUsage:
+    prompt_tokens = sum(len(p) for p in job.prompts)
+    completion_tokens = sum(len(s.out_ids) for s in job.seqs)
+    return CompletionUsage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
-        cached_tokens=cached_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(job.cached_tokens.values())),
     )

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from batchwright.engine.attention import Step, planned
+from batchwright.engine.chat import build_chat_result, prepare_chat
+from batchwright.engine.grammar import Grammars
 from batchwright.engine.host_memory import freeze_heap
 from batchwright.engine.jobs import Job, PromptScores, prepare
 from batchwright.engine.loader import LoadedModel, load_model
@@ -17,6 +19,7 @@ from batchwright.engine.result import build_result
 from batchwright.engine.scheduler import Scheduler
 from batchwright.engine.token_keys import TokenKeys
 from batchwright.engine.types import GenRequest, GenResult
+from batchwright.protocol.endpoints import CHAT, endpoint_of
 from batchwright.registry import ModelSpec
 
 if TYPE_CHECKING:
@@ -39,6 +42,7 @@ class Engine:
         self._tok = tok
         self._keys = TokenKeys(tok, self.decode)
         self.attention_backend = self._backend(lm)
+        self.grammars = Grammars(tok, lm.vocab_size, lm.eos_ids)
 
     @classmethod
     def load(cls, spec: ModelSpec) -> Engine:
@@ -66,6 +70,24 @@ class Engine:
     # --- requests ------------------------------------------------------------------------
 
     def prepare(self, greq: GenRequest) -> Job | GenResult:
+        job = self._prepare(greq)
+        if isinstance(job, Job):
+            # Compiled off the loop; the intake admits the job once it is ready.
+            job.grammar = self.grammars.request(job.req.response_format)
+        return job
+
+    def _prepare(self, greq: GenRequest) -> Job | GenResult:
+        if endpoint_of(greq.body) == CHAT:
+            return prepare_chat(
+                greq,
+                self._tok,
+                self.lm.chat_template,
+                self.model_name,
+                self.decode,
+                vocab_size=self.lm.vocab_size,
+                context_length=self.lm.context_length,
+                eos_ids=self.lm.eos_ids,
+            )
         return prepare(
             greq,
             self._tok,
@@ -76,6 +98,16 @@ class Engine:
         )
 
     def result(self, job: Job) -> GenResult:
+        if job.chat is not None:
+            return build_chat_result(
+                job,
+                model=self.model_name,
+                fingerprint=self.system_fingerprint,
+                decode=self.decode,
+                tok=self.token_text,
+                piece=self._keys.text,
+                raw=self._keys.raw_bytes,
+            )
         return build_result(
             job,
             model=self.model_name,

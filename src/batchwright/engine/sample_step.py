@@ -21,6 +21,8 @@ _PER_NAT = 16
 _RING = 64
 # Uniforms are kept below 1 by this much so u * total stays below total in float32.
 _BELOW_ONE = 1.0 - 2.0**-23
+# The score of a token a grammar forbids (see `masked`).
+_FORBIDDEN = -1e30
 
 
 class Tables(NamedTuple):
@@ -32,6 +34,8 @@ class Tables(NamedTuple):
     bins: torch.Tensor  # [1, _BINS] long: 0 .. _BINS-1
     ones: torch.Tensor  # [capacity] float: a count of one per row
     rows: torch.Tensor  # [capacity] long: 0 .. capacity-1
+    word: torch.Tensor  # [vocab] long: the bitmask word of each token (grammar.py)
+    bit: torch.Tensor  # [vocab] int32: its bit in that word
 
 
 def make_tables(vocab: int, capacity: int, device: torch.device) -> Tables:
@@ -48,7 +52,19 @@ def make_tables(vocab: int, capacity: int, device: torch.device) -> Tables:
         bins=torch.arange(_BINS, device=device)[None, :],
         ones=torch.ones(capacity, device=device),
         rows=torch.arange(capacity, device=device),
+        word=torch.arange(vocab, device=device) // 32,
+        bit=(torch.arange(vocab, device=device) % 32).int(),
     )
+
+
+def masked(z: torch.Tensor, allow: torch.Tensor | None, tables: Tables) -> torch.Tensor:
+    """`z` with the tokens a row's bitmask `allow` [B, vocab / 32] forbids pushed far below
+    every allowed one (finite: the nucleus arithmetic subtracts scores; their
+    probability is 0 all the same). None: no row of the step is constrained."""
+    if allow is None:
+        return z
+    bits = allow.index_select(1, tables.word).bitwise_right_shift(tables.bit).bitwise_and(1)
+    return z.masked_fill(bits == 0, _FORBIDDEN)
 
 
 def _finish(
@@ -89,6 +105,7 @@ def sample_step(
     cursor: torch.Tensor,
     tables: Tables,
     k_top: int,
+    allow: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token per row; returns the packed [B, 2 + 2 k_top] float32 result.
 
@@ -99,7 +116,7 @@ def sample_step(
     x = logits.float()
     raw = torch.log_softmax(x, dim=-1)
     top = logits.topk(k_top, dim=-1).indices
-    z = torch.addcmul(offset, x, inv_t[:, None])
+    z = masked(torch.addcmul(offset, x, inv_t[:, None]), allow, tables)
     cand, cand_ids = z.topk(min(_CANDIDATES, z.shape[1]), dim=-1)
     # Probabilities are read through their logs: compiled, neither is written out (the
     # log-softmax's max and sum become one online pass on CUDA; the histogram below
@@ -156,6 +173,7 @@ def greedy_step(
     cursor: torch.Tensor,
     tables: Tables,
     k_top: int,
+    allow: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`sample_step` for a batch without sampled rows (the CPU shortcut): the argmax of the
     adjusted logits, same result and state updates."""
@@ -163,7 +181,7 @@ def greedy_step(
     raw = torch.log_softmax(x, dim=-1)
     top = logits.topk(k_top, dim=-1).indices
     # max() rather than argmax(): the same first maximal index, faster on CPU.
-    token = (x + offset).max(dim=-1, keepdim=True).indices
+    token = masked(x + offset, allow, tables).max(dim=-1, keepdim=True).indices
     return _finish(token, raw, top, offset, counts, presence, frequency, cursor, tables)
 
 
@@ -180,11 +198,12 @@ def plain_step(
     cursor: torch.Tensor,
     tables: Tables,
     k_top: int,
+    allow: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The CPU shortcut for greedy rows without bias, penalties or logprobs: the argmax
     and its logprob (their counts and offsets are never read, so they stay)."""
     x = logits.float()
     raw = torch.log_softmax(x, dim=-1)
-    token = x.max(dim=-1, keepdim=True).indices
+    token = masked(x, allow, tables).max(dim=-1, keepdim=True).indices
     cursor.add_(1)
     return torch.cat([token.float(), raw.gather(1, token), raw.new_zeros(len(x), 2 * k_top)], 1)

@@ -2,7 +2,7 @@
 
 Interface (slots are 0 .. capacity-1; by default logits row i is slot i):
 
-    s = Sampler(capacity, vocab, device, max_logprobs=5, compile=False)
+    s = Sampler(capacity, vocab, device, max_logprobs=20, compile=False)
     s.admit(slots, params)        # RowParams per slot: parameters, logit_bias, seeded rng
     packed = s.step(logits)       # logits [B, vocab], B <= capacity: rows are slots 0..B-1
     packed = s.step(logits, rows) # or rows[i] = the slot of logits row i (admission steps)
@@ -17,10 +17,11 @@ Without the shortcut, `step` launches the same tensor ops whatever B and the par
 mix (greedy, nucleus, penalties, bias, logprobs): no host synchronisation, no per-row Python, no
 data-dependent shapes. It updates the state in place (generated-token counts, the
 penalty offset, the uniform cursors) and returns ONE float32 device tensor
-[B, 2 + 2 * max_logprobs]: column 0 the token id, 1 its logprob, then max_logprobs top
-ids and their logprobs, best first (ids are exact in float32 below 2**24), so the host
-does one device-to-host copy per step. The host side of a step is a few numpy operations;
-every _RING/2 steps or so it tops up the uniform rings (one host-to-device copy). The core,
+[B, 2 + 2k]: column 0 the token id, 1 its logprob, then k top ids and their logprobs,
+best first (ids are exact in float32 below 2**24; k is 5, or max_logprobs in a step
+with a row that wants more), so the host does one device-to-host copy per step. The
+host side of a step is a few numpy operations; every _RING/2 steps or so it tops up the
+uniform rings (one host-to-device copy). The core,
 `sample_step` (sample_step.py, with the shortcuts), is a pure function of tensors that runs under
 `torch.compile(fullgraph=True)` (tested on CPU); `Sampler(compile=True)` uses it
 compiled. Eager is the default: compile time is paid per engine and per row count.
@@ -72,6 +73,9 @@ from batchwright.engine.sample_step import (
 )
 from batchwright.engine.sampling import TEMPERATURE_EPSILON, RowParams, StepOut
 
+# Top logprobs a step packs when no row wants more: /v1/completions' `logprobs` maximum.
+_NARROW_TOP = 5
+
 
 class Sampler:
     """Slot-indexed sampling state for up to `capacity` rows (see the module docstring)."""
@@ -82,14 +86,17 @@ class Sampler:
         vocab: int,
         device: torch.device,
         *,
-        max_logprobs: int = 5,
+        max_logprobs: int = 20,
         compile: bool = False,
         shortcut: bool | None = None,
     ) -> None:
         if vocab >= 1 << 24:
             raise ValueError("token ids must be exact in float32 (vocab below 2**24)")
         self.capacity, self.vocab, self.device = capacity, vocab, device
+        # Top logprobs packed per row: a step packs _NARROW_TOP (completions' most) unless
+        # a row of the step wants more (chat's top_logprobs, up to max_logprobs).
         self.k_top = max(1, min(max_logprobs, vocab))
+        self.k_narrow = min(self.k_top, _NARROW_TOP)
         self.tables = make_tables(vocab, capacity, device)
 
         def zeros(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -111,6 +118,15 @@ class Sampler:
         self._sampled = np.zeros(capacity, dtype=bool)
         self._plain = np.ones(capacity, dtype=bool)  # greedy, no bias, penalties, logprobs
         self._params: list[RowParams | None] = [None] * capacity
+        self._k = np.zeros(capacity, dtype=np.int64)  # top logprobs each slot wants
+        # Grammar-constrained slots (grammar.py) and their allowed tokens: one int32 bitmask
+        # row per slot filled on the host, copied to the device for steps that have one.
+        self._masked = np.zeros(capacity, dtype=bool)
+        words = -(-vocab // 32)
+        self.host_mask = torch.full((capacity, words), -1, dtype=torch.int32)
+        if device.type == "cuda":
+            self.host_mask = self.host_mask.pin_memory()
+        self.mask = torch.full((capacity, words), -1, dtype=torch.int32, device=device)
         self._core: Callable[..., torch.Tensor] = sample_step
         self._greedy_core: Callable[..., torch.Tensor] = greedy_step
         self._plain_core: Callable[..., torch.Tensor] = plain_step
@@ -164,6 +180,7 @@ class Sampler:
             self._sampled[slot] = not g
             self._plain[slot] = g and not (p.logit_bias or p.penalised or p.logprobs is not None)
             self._params[slot] = p if not g else None
+            self._k[slot] = p.logprobs or 0
             self._drawn[slot] = self._used[slot] = 0
         self._top_up([s for s, g in zip(slots, greedy, strict=True) if not g])
 
@@ -179,6 +196,20 @@ class Sampler:
             self._sampled[slot] = False
             self._plain[slot] = True
             self._params[slot] = None
+        self._k[list(slots)] = 0
+        self.constrain(slots, False)
+
+    def constrain(self, slots: Sequence[int], on: bool = True) -> None:
+        """Slots whose tokens a grammar picks (their `host_mask` rows filled by the caller
+        before each step), or no longer: every token allowed again."""
+        idx = list(slots)
+        self._masked[idx] = on
+        if not on:
+            self.host_mask[idx] = -1
+
+    def masked(self, n: int) -> bool:
+        """Whether the step over slots 0..n-1 applies the bitmask."""
+        return bool(self._masked[:n].any())
 
     def move(self, src: Sequence[int], dst: Sequence[int]) -> None:
         """Slot dst[i] takes slot src[i]'s state (a source may also be a destination);
@@ -190,8 +221,10 @@ class Sampler:
         for t in self._tensors():
             t[d] = t[s]
         si, di = np.asarray(src), np.asarray(dst)
-        for a in (self._ring, self._drawn, self._used, self._sampled, self._plain):
+        for a in (self._ring, self._drawn, self._used, self._sampled, self._plain, self._k):
             a[di] = a[si]
+        self._masked[di] = self._masked[si]
+        self.host_mask[list(dst)] = self.host_mask[list(src)]
         rngs = [self._params[i] for i in src]
         for i, r in zip(dst, rngs, strict=True):
             self._params[i] = r
@@ -211,7 +244,11 @@ class Sampler:
         self._ensure_uniforms(list(rows))
         idx = self._index(rows)
         state = [t.index_select(0, idx) for t in self._tensors()]
-        packed = self._pick(list(rows))(logits, *state, self.tables, self.k_top)
+        allow = None
+        if self._masked[list(rows)].any():
+            allow = self._to_device(self.host_mask[list(rows)])
+        k = self._width(list(rows))
+        packed = self._pick(list(rows))(logits, *state, self.tables, k, allow)
         for t, new in zip(self._tensors(), state, strict=True):
             t[idx] = new
         self._used[list(rows)] += 1
@@ -221,15 +258,30 @@ class Sampler:
     # graph (graphs.py): host work before it, the tensor work, host bookkeeping after.
 
     def prepare(self, n: int) -> None:
-        """Before the step: uniforms on the device for every sampled row that draws."""
+        """Before the step: uniforms on the device for every sampled row that draws, and
+        the bitmask rows when a row is constrained (one copy, not waited for)."""
         self._ensure_uniforms(slice(0, n))
+        if self.masked(n):
+            self.mask[:n].copy_(self.host_mask[:n], non_blocking=True)
 
     def core(self, logits: torch.Tensor) -> torch.Tensor:
         """The tensor work for rows 0..len(logits)-1: no host reads or writes (without the
-        shortcut, the same ops whatever the rows hold)."""
+        shortcut, the same ops whatever the rows hold; with or without the bitmask, and
+        the packed width, as `masked(n)` and `width(n)` say: a captured step records each
+        combination apart)."""
         n = logits.shape[0]
         state = [t[:n] for t in self._tensors()]
-        return self._pick(slice(0, n))(logits, *state, self.tables, self.k_top)
+        allow = self.mask[:n] if self.masked(n) else None
+        k = self._width(slice(0, n))
+        return self._pick(slice(0, n))(logits, *state, self.tables, k, allow)
+
+    def width(self, n: int) -> int:
+        """Top logprobs the step over slots 0..n-1 packs."""
+        return self._width(slice(0, n))
+
+    def _width(self, rows: slice | list[int]) -> int:
+        wanted = self._k[rows]
+        return self.k_top if len(wanted) and wanted.max() > self.k_narrow else self.k_narrow
 
     def commit(self, n: int) -> None:
         """After the step: each row consumed one uniform."""
@@ -237,7 +289,7 @@ class Sampler:
 
     def unpack(self, packed: torch.Tensor) -> StepOut:
         """The host's view of a packed step (call it on the copy: `packed.cpu()`)."""
-        k = self.k_top
+        k = (packed.shape[1] - 2) // 2
         values: list[list[float]] = packed.tolist()
         return StepOut(
             tokens=[int(r[0]) for r in values],

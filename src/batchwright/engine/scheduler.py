@@ -27,6 +27,7 @@ from batchwright.engine import prefix
 from batchwright.engine.admission import Placement, cached_prompts, place
 from batchwright.engine.attention import Step, decode_runs, fixed_runs
 from batchwright.engine.backends import VarlenArgs
+from batchwright.engine.grammar import RowGrammars
 from batchwright.engine.graphs import DecodeGraphs, capture_for
 from batchwright.engine.intake import Intake, Unit
 from batchwright.engine.jobs import Seq
@@ -66,6 +67,7 @@ class Scheduler:
             fixed = {"shortcut": False, "compile": self.device.type == "cuda"}
         self.sampler = Sampler(2 * engine.max_rows, self.vocab, self.device, **fixed)
         self.graphs = DecodeGraphs(self, capture_for(self.device)) if captured else None
+        self.grammar = RowGrammars(self.sampler)
         self.prefix = prefix.enabled(engine.spec, engine.lm.varlen, self.cache)
         # On CUDA the host works one step behind: it records step t's tokens while step
         # t + 1 runs (rows that finished run one extra step, dropped). On CPU nothing runs
@@ -152,7 +154,8 @@ class Scheduler:
         n = s.rows_for_step()
         placed = place(self.cache, s, units, self.prefix)
         if not placed and n and self.graphs is not None:
-            return self._outputs(n, self.graphs.step(n, self._max_k(n)))
+            early = self._constrained_drain(n)
+            return early + self._outputs(n, self.graphs.step(n, self._max_k(n)))
         if not self.e.lm.varlen:
             return self._padded_step(n, placed)
         ids, positions, dest = (
@@ -262,9 +265,16 @@ class Scheduler:
     def _advance(self, n: int, logits: torch.Tensor) -> list[GenResult]:
         """Sample every slot's next token. With `lag` the host records the previous
         step's tokens now, while this one runs, and this one's at the next step."""
+        early = self._constrained_drain(n)
         packed = self.sampler.step(logits)
         self.slots.advance(n, packed[:, 0].long())
-        return self._outputs(n, packed)
+        return early + self._outputs(n, packed)
+
+    def _constrained_drain(self, n: int) -> list[GenResult]:
+        """A grammar's mask for this step follows the previous step's tokens: with the host
+        a step behind, they are recorded (and the masks filled) before this step samples,
+        while its forward runs."""
+        return self._drain() if self.lag and self.sampler.masked(n) else []
 
     def _outputs(self, n: int, packed: torch.Tensor) -> list[GenResult]:
         # The step's one read-back, started without waiting on CUDA.
@@ -292,6 +302,7 @@ class Scheduler:
             if q is not None:
                 s.hlen[i] += 1
         done, keep = self._push(seqs, out)
+        self.grammar.next((i, seqs[i]) for i in keep)
         kept = set(keep)
         finished = [i for i, q in enumerate(seqs) if q is not None and i not in kept]
         if finished:
@@ -310,9 +321,11 @@ class Scheduler:
             logits = logits.index_select(0, s.host_long(index))
         scratch = [s.max_rows + i for i in range(len(seqs))]
         self.sampler.admit(scratch, [q.params for q in seqs])
+        self.grammar.start(scratch, seqs)
         packed = self.sampler.step(logits, rows=scratch)
         out = self.sampler.unpack(packed.cpu())
         done, keep = self._push(seqs, out)
+        self.grammar.next((scratch[j], seqs[j]) for j in keep)
         kept = set(keep)
         rows: list[int] = []
         slots: list[int] = []

@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from batchwright.protocol.base import OpenAIBaseModel
+from batchwright.protocol.response_format import ResponseFormat
 
 PromptType = str | list[str] | list[int] | list[list[int]]
 
@@ -47,6 +48,8 @@ KNOWN_PARAMS = frozenset(
         "temperature",
         "top_p",
         "user",
+        # An extension: OpenAI takes it on chat only (protocol/response_format.py).
+        "response_format",
     }
 )
 _NOT_IN_BATCH = "is not supported in a batch: /v1/completions lines run to completion server-side"
@@ -65,6 +68,24 @@ _SHOW.maxlevel, _SHOW.maxstring, _SHOW.maxother, _SHOW.maxlist, _SHOW.maxdict = 
 
 def show(value: Any) -> str:
     return _SHOW.repr(value)
+
+
+def check_stop(v: str | list[str] | None) -> str | list[str] | None:
+    items = [v] if isinstance(v, str) else (v or [])
+    if len(items) > 4:
+        raise ValueError(f"at most 4 stop sequences are allowed, got {len(items)}")
+    if any(s == "" for s in items):
+        raise ValueError("stop sequences must be non-empty strings")
+    return v
+
+
+def check_logit_bias(v: dict[str, float] | None) -> dict[str, float] | None:
+    for key, bias in (v or {}).items():
+        if not _TOKEN_ID.fullmatch(key):
+            raise ValueError(f"keys must be token ids (non-negative integers), got {show(key)}")
+        if not -100.0 <= bias <= 100.0:
+            raise ValueError(f"bias for token {key} is {bias}, outside the range -100 to 100")
+    return v
 
 
 class CompletionRequest(BaseModel):
@@ -91,6 +112,7 @@ class CompletionRequest(BaseModel):
     suffix: str | None = None
     stream: bool | None = None
     stream_options: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -117,22 +139,12 @@ class CompletionRequest(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stop_shape(cls, v: str | list[str] | None) -> str | list[str] | None:
-        items = [v] if isinstance(v, str) else (v or [])
-        if len(items) > 4:
-            raise ValueError(f"at most 4 stop sequences are allowed, got {len(items)}")
-        if any(s == "" for s in items):
-            raise ValueError("stop sequences must be non-empty strings")
-        return v
+        return check_stop(v)
 
     @field_validator("logit_bias")
     @classmethod
     def _logit_bias_shape(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        for key, bias in (v or {}).items():
-            if not _TOKEN_ID.fullmatch(key):
-                raise ValueError(f"keys must be token ids (non-negative integers), got {show(key)}")
-            if not -100.0 <= bias <= 100.0:
-                raise ValueError(f"bias for token {key} is {bias}, outside the range -100 to 100")
-        return v
+        return check_logit_bias(v)
 
     @field_validator("suffix")
     @classmethod

@@ -26,6 +26,7 @@ from batchwright.db.session import session_scope
 from batchwright.files.service import new_file
 from batchwright.files.storage import ChunkWriter
 from batchwright.protocol.batches import BatchObject, CreateBatch
+from batchwright.protocol.endpoints import file_endpoint
 from batchwright.runs.interrupt import Interrupt
 from batchwright.runs.outputs import default_paths, export
 from batchwright.runs.progress import LiveCounts, RunView
@@ -70,7 +71,11 @@ def _start(state: RunState, input_path: Path, sha256: str, settings: Settings) -
         batch = service.create_batch(
             session,
             project.id,
-            CreateBatch(input_file_id=file.id, endpoint="/v1/completions", completion_window="24h"),
+            CreateBatch(
+                input_file_id=file.id,
+                endpoint=file_endpoint(input_path),
+                completion_window="24h",
+            ),
             settings,
         )
         batch_id, project_id = batch.id, project.id

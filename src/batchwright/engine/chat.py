@@ -1,0 +1,223 @@
+"""Chat lines: `messages` rendered by the model's chat template into a completion prompt,
+and the finished job written back as a `chat.completion`.
+
+A chat line runs as a completion of its rendered prompt (token ids, no echo, no best_of),
+so it shares rows, seeds and prefix reuse with completion lines; only the way in (the
+template) and the way out (message, chat logprobs) differ.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batchwright.engine.jobs import Decode, Job, bad_request, build_job
+from batchwright.engine.result import (
+    TokenText,
+    choice_text,
+    generated_ids,
+    kept_tokens,
+    result_usage,
+)
+from batchwright.engine.types import GenRequest, GenResult
+from batchwright.protocol.chat import (
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionRequest,
+    ChatMessage,
+    ChoiceLogprobs,
+    TokenLogprob,
+    TopLogprob,
+    check_chat_body,
+)
+from batchwright.protocol.completions import CompletionRequest
+
+TokenBytes = Any  # Callable[[int], bytes | None]
+
+
+class TemplateError(ValueError):
+    """The messages cannot be rendered (no template, or the template refused them)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def render(tokenizer: Any, template: str | None, req: ChatCompletionRequest, model: str) -> str:
+    """The prompt text of `req.messages` by the model's template, ending where the
+    assistant's reply starts. `developer` messages render as `system` (OpenAI's newer name
+    for it, unknown to most templates)."""
+    if template is None and getattr(tokenizer, "chat_template", None) is None:
+        raise TemplateError(
+            f"The model {model!r} has no chat template, so it cannot take "
+            "/v1/chat/completions requests; send /v1/completions requests, or name a "
+            "template file in the model's registry entry (chat_template).",
+            "model",
+        )
+    messages: list[dict[str, Any]] = []
+    for m in req.messages:
+        msg: dict[str, Any] = {
+            "role": "system" if m.role == "developer" else m.role,
+            "content": m.text,
+        }
+        if m.name is not None:
+            msg["name"] = m.name
+        messages.append(msg)
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, chat_template=template, add_generation_prompt=True, tokenize=False
+        )
+    except Exception as exc:  # jinja's TemplateError, raise_exception() in templates
+        raise TemplateError(
+            f"The model's chat template cannot render these messages: {str(exc)[:300]}",
+            "messages",
+        ) from None
+    return str(text)
+
+
+def as_completion(req: ChatCompletionRequest, prompt: list[int], max_tokens: int) -> Any:
+    """The completion the engine runs for a chat request: its rendered prompt as token ids,
+    its sampling parameters (already validated, so not validated again: top_logprobs may
+    be up to 20 where completions take 5)."""
+    return CompletionRequest.model_construct(
+        model=req.model,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        n=req.n,
+        best_of=None,
+        stop=req.stop,
+        echo=False,
+        logprobs=req.top_k,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        logit_bias=req.logit_bias,
+        seed=req.seed,
+        user=req.user,
+        suffix=None,
+        stream=None,
+        stream_options=None,
+        response_format=req.response_format,
+    )
+
+
+def _logprobs(
+    job: Job, seq_index: int, text: str, tok: TokenText, piece: TokenText, raw: TokenBytes
+) -> ChoiceLogprobs:
+    seq = job.seqs[seq_index]
+    k = job.req.logprobs or 0
+
+    def bytes_of(tid: int) -> list[int]:
+        b = raw(tid)
+        return list(b if b is not None else piece(tid).encode("utf-8"))
+
+    ids = generated_ids(seq)
+    content: list[TokenLogprob] = []
+    for i in range(kept_tokens(seq, text, piece)):
+        tid = ids[i]
+        tops = [
+            TopLogprob(token=tok(t), logprob=lp, bytes=bytes_of(t)) for t, lp in seq.out_tops[i][:k]
+        ]
+        content.append(
+            TokenLogprob(
+                token=tok(tid), logprob=seq.out_lps[i], bytes=bytes_of(tid), top_logprobs=tops
+            )
+        )
+    return ChoiceLogprobs(content=content, refusal=None)
+
+
+def build_chat_result(
+    job: Job,
+    *,
+    model: str,
+    fingerprint: str,
+    decode: Decode,
+    tok: TokenText,
+    piece: TokenText,
+    raw: TokenBytes,
+) -> GenResult:
+    choices: list[ChatChoice] = []
+    for index, seq in enumerate(job.seqs):
+        text = choice_text(seq, decode)
+        logprobs = None
+        if job.req.logprobs is not None:
+            logprobs = _logprobs(job, index, text, tok, piece, raw)
+        choices.append(
+            ChatChoice(
+                finish_reason=seq.finish or "length",  # type: ignore[arg-type]
+                index=index,
+                logprobs=logprobs,
+                message=ChatMessage(content=text),
+            )
+        )
+    usage = result_usage(job)
+    completion = ChatCompletion(
+        id=job.id.replace("cmpl-", "chatcmpl-", 1),
+        choices=choices,
+        created=job.created,
+        model=model,
+        system_fingerprint=fingerprint,
+        usage=usage,
+    )
+    return GenResult(
+        key=job.key,
+        status_code=200,
+        completion=completion.model_dump(mode="json"),
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cached_tokens=job.cached_tokens.get(0, 0),
+    )
+
+
+def prepare_chat(
+    greq: GenRequest,
+    tokenizer: Any,
+    template: str | None,
+    model: str,
+    decode: Decode,
+    *,
+    vocab_size: int,
+    context_length: int,
+    eos_ids: frozenset[int],
+) -> Job | GenResult:
+    """Parse a chat line, render and tokenize its prompt; a GenResult(400) when the model
+    must reject it."""
+    req, err = check_chat_body(greq.body)
+    if err is not None or req is None:
+        return GenResult(key=greq.key, status_code=400, error=err)
+    try:
+        text = render(tokenizer, template, req, model)
+    except TemplateError as exc:
+        code = "no_chat_template" if exc.param == "model" else "invalid_messages"
+        return bad_request(greq.key, str(exc), exc.param, code)
+    # The template writes the special tokens (BOS and the like) itself.
+    ids = list(tokenizer(text, add_special_tokens=False).input_ids)
+    limit = req.max_new_tokens
+    room = context_length - len(ids)
+    if room <= 0 or (limit is not None and limit > room):
+        asked = f"; {limit} for the completion" if limit is not None else ""
+        return bad_request(
+            greq.key,
+            f"This model's maximum context length is {context_length} tokens, however your "
+            f"messages take {len(ids)} tokens in the model's chat template{asked}. Please "
+            "reduce the length of the messages or completion.",
+            "messages" if limit is None or room <= 0 else _limit_param(req),
+            "context_length_exceeded",
+        )
+    job = build_job(
+        greq,
+        as_completion(req, ids, room if limit is None else limit),
+        [ids],
+        [text],
+        decode,
+        vocab_size=vocab_size,
+        context_length=context_length,
+        eos_ids=eos_ids,
+    )
+    if isinstance(job, Job):
+        job.chat = req
+    return job
+
+
+def _limit_param(req: ChatCompletionRequest) -> str:
+    return "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"

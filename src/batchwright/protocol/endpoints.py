@@ -1,0 +1,49 @@
+"""The endpoints a batch (or an online request) may target, and each one's body check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from batchwright.protocol.chat import ChatCompletionRequest, check_chat_body
+from batchwright.protocol.completions import CompletionRequest, check_completion_body
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+ENDPOINTS = (COMPLETIONS, CHAT)
+
+LineRequest = CompletionRequest | ChatCompletionRequest
+
+
+def check_body(
+    endpoint: str, body: object, max_sequences: int | None = None
+) -> tuple[LineRequest | None, dict[str, Any] | None]:
+    """A line's body checked as `endpoint` takes it: (request, None) or (None, error)."""
+    if endpoint == CHAT:
+        return check_chat_body(body, max_sequences)
+    return check_completion_body(body, max_sequences)
+
+
+def endpoint_of(body: dict[str, Any]) -> str:
+    """Which endpoint a validated body was written for: chat bodies carry `messages`,
+    completion bodies `prompt` (each endpoint refuses the other's), so the engine needs
+    no second field to tell them apart."""
+    return CHAT if "messages" in body else COMPLETIONS
+
+
+def file_endpoint(path: Path) -> str:
+    """The endpoint a batch file's lines target, read from its first line's `url` (a file
+    holds one endpoint; lines that differ fail its validation with `url_mismatch`).
+    Completions when the first line names none of ours: validation then says why."""
+    with path.open("rb") as f:
+        for raw in f:
+            if not raw.strip():
+                continue
+            try:
+                url = orjson.loads(raw.removeprefix(b"\xef\xbb\xbf")).get("url")
+            except (orjson.JSONDecodeError, AttributeError):
+                return COMPLETIONS
+            return url if url in ENDPOINTS else COMPLETIONS
+    return COMPLETIONS

@@ -1,0 +1,88 @@
+"""`response_format`: plain text, any JSON object, or JSON matching a schema.
+
+OpenAI takes it on /v1/chat/completions; batchwright takes the same object on
+/v1/completions lines too (an extension). Torch-free: the API and the validating worker
+check the shape and that the schema is a JSON Schema; whether the grammar library can
+compile it is the engine's call (engine/grammar.py), a 400 naming `response_format` too.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# OpenAI: a-z, A-Z, 0-9, underscores and dashes, at most 64 characters.
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+class JSONSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    name: str
+    description: str | None = None
+    # `schema` shadows a BaseModel attribute: kept under another name, read by alias.
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    # True: objects take no properties beyond those listed (OpenAI's strict mode); False
+    # or absent: as JSON Schema says (extra properties allowed unless the schema forbids
+    # them). Either way the output follows the schema.
+    strict: bool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.fullmatch(v):
+            raise ValueError(
+                "the name must be 1 to 64 characters of a-z, A-Z, 0-9, underscores and dashes"
+            )
+        return v
+
+    @field_validator("schema_")
+    @classmethod
+    def _is_json_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is None:
+            return v
+        from jsonschema import Draft202012Validator
+        from jsonschema.exceptions import SchemaError
+
+        try:
+            Draft202012Validator.check_schema(v)
+        except SchemaError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+            raise ValueError(f"not a valid JSON Schema at {where}: {exc.message[:200]}") from None
+        return v
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type 'json_schema' needs a 'json_schema' object")
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise ValueError(f"'json_schema' goes with type 'json_schema', not {self.type!r}")
+        return self
+
+    @property
+    def constrained(self) -> bool:
+        return self.type != "text"
+
+    def grammar_key(self) -> tuple[str, str, bool] | None:
+        """What the compiled grammar depends on: (kind, canonical schema, strict); None for
+        text."""
+        import orjson
+
+        if self.type == "text":
+            return None
+        if self.type == "json_object" or self.json_schema is None:
+            return ("json_object", "", False)
+        schema = self.json_schema.schema_
+        if schema is None:
+            return ("json_object", "", False)
+        canonical = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS).decode()
+        return ("json_schema", canonical, bool(self.json_schema.strict))
