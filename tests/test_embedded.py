@@ -91,3 +91,48 @@ def test_run_line_over_the_limit(tmp_path: Path) -> None:
     done = _run(src, tmp_path / "home", max_line_bytes="200")
     assert done.returncode == 1
     assert "line 1" in done.stdout and "line_too_long" in done.stdout
+
+
+def test_run_chat_file_with_a_schema(tmp_path: Path) -> None:
+    # A chat batch file in OpenAI's shape, with a JSON schema: `batchwright run` takes the
+    # endpoint from the lines' url.
+    schema = {
+        "type": "object",
+        "properties": {
+            "answer": {"enum": ["yes", "no"]},
+            "score": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+        "required": ["answer", "score"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": True}}
+    lines = [
+        {
+            "custom_id": f"c{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": "demo",
+                "messages": [{"role": "user", "content": f"Question {i}?"}],
+                "max_completion_tokens": 40,
+                "temperature": 0,
+                **({"response_format": fmt} if i % 2 else {}),
+            },
+        }
+        for i in range(6)
+    ]
+    src = tmp_path / "chat.jsonl"
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    done = _run(src, tmp_path / "home")
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = [json.loads(x) for x in (tmp_path / "chat.output.jsonl").read_text().splitlines()]
+    assert [o["custom_id"] for o in out] == [x["custom_id"] for x in lines]
+    parsed = []
+    for i, o in enumerate(out):
+        body = o["response"]["body"]
+        assert body["object"] == "chat.completion"
+        choice = body["choices"][0]
+        if i % 2:
+            assert choice["finish_reason"] == "stop"  # a few tokens of JSON, well within 40
+            parsed.append(json.loads(choice["message"]["content"]))
+    assert all(p["answer"] in ("yes", "no") and 0 <= p["score"] <= 9 for p in parsed)

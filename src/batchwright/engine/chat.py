@@ -195,13 +195,14 @@ def prepare_chat(
     limit = req.max_new_tokens
     room = context_length - len(ids)
     if room <= 0 or (limit is not None and limit > room):
-        asked = f"; {limit} for the completion" if limit is not None else ""
+        param = "messages" if limit is None or room <= 0 else _limit_param(req)
+        asked = f"; {limit} for the completion ('{_limit_param(req)}')" if limit else ""
         return bad_request(
             greq.key,
             f"This model's maximum context length is {context_length} tokens, however your "
             f"messages take {len(ids)} tokens in the model's chat template{asked}. Please "
             "reduce the length of the messages or completion.",
-            "messages" if limit is None or room <= 0 else _limit_param(req),
+            param,
             "context_length_exceeded",
         )
     job = build_job(

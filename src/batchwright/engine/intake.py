@@ -113,6 +113,9 @@ class Intake:
             if running is not None:
                 at, counts = self._next(running, counts)
             if not _ready(self.pending[at]):
+                if any(_failed(u) for u in self.pending):
+                    yield from self._grammar_failures()
+                    continue
                 # A line waits for its grammar (grammar.py) without holding the others.
                 at = next((i for i, u in enumerate(self.pending) if _ready(u)), -1)
                 if at < 0:
@@ -165,8 +168,7 @@ class Intake:
         """A 400 for each waiting request whose response_format failed to compile."""
         failed = {}
         for u in self.pending:
-            g = u.job.grammar
-            if g is not None and g.done() and (why := grammar_error(g)) is not None:
+            if _failed(u) and (why := grammar_error(u.job.grammar)) is not None:
                 failed[u.job.key] = why
         if failed:
             self.drop(set(failed))
@@ -253,5 +255,11 @@ class Intake:
 
 
 def _ready(unit: Unit) -> bool:
-    """Whether the unit's grammar, if it has one, is compiled (or failed: reported)."""
-    return unit.job.grammar is None or unit.job.grammar.done()
+    """Whether the unit's grammar, if it has one, is compiled."""
+    g = unit.job.grammar
+    return g is None or (g.done() and g.exception() is None)
+
+
+def _failed(unit: Unit) -> bool:
+    g = unit.job.grammar
+    return g is not None and g.done() and g.exception() is not None
