@@ -267,3 +267,36 @@ def test_a_line_waiting_for_its_grammar_holds_no_other(
     last = results.get(timeout=120)
     runner.join(timeout=120)
     assert last.key == "json" and last.status_code == 200, last.error
+
+
+def test_online_chat_with_a_schema(run: Runner, engine: Engine) -> None:
+    # An online request (the engine's online lane) waits for its grammar, then follows it;
+    # one whose schema fails is answered with a 400; a streamed one gets deltas.
+    from tests.engine.test_online import Feed
+
+    fmt = _schema_format(PERSON)
+    bad = _schema_format({"type": "string", "pattern": "(?<=a)b"})
+    feed = Feed(
+        {
+            1: [
+                GenRequest("ok", {"model": "t", **_chat(response_format=fmt, max_tokens=120)}),
+                GenRequest("bad", {"model": "t", **_chat(response_format=bad)}),
+                GenRequest(
+                    "streamed",
+                    {"model": "t", **_chat(response_format=fmt, max_tokens=120, seed=4)},
+                    stream=True,
+                ),
+            ]
+        }
+    )
+    batch = [GenRequest(i, {"model": "t", **_chat(max_tokens=30, seed=i)}) for i in range(4)]
+    results = {r.key: r for r in engine.run(batch, online=feed)}
+    assert results["bad"].status_code == 400
+    assert results["bad"].error is not None and results["bad"].error["param"] == "response_format"
+    for key in ("ok", "streamed"):
+        choice = results[key].completion["choices"][0]  # type: ignore[index]
+        if choice["finish_reason"] == "stop":
+            assert _valid(choice["message"]["content"], PERSON)
+    streamed = "".join(d["text"] for _, deltas in feed.deltas["streamed"] for d in deltas)
+    assert streamed == results["streamed"].completion["choices"][0]["message"]["content"]  # type: ignore[index]
+    assert all(results[i].status_code == 200 for i in range(4))

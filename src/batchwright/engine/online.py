@@ -20,6 +20,7 @@ from collections.abc import Generator, Set
 from typing import Any, Protocol
 
 from batchwright.engine import preempt
+from batchwright.engine.grammar import grammar_error
 from batchwright.engine.intake import Intake, Unit, units_of
 from batchwright.engine.jobs import bad_request
 from batchwright.engine.paged import PagedCache
@@ -92,6 +93,13 @@ class Lane:
         alloc = s.cache.alloc
         while self.waiting:
             unit = self.waiting[0]
+            grammar = unit.job.grammar
+            if grammar is not None and not grammar.done():
+                break  # its response_format compiles off the loop: admitted at a later step
+            if grammar is not None and (why := grammar_error(grammar)) is not None:
+                self.drop({unit.job.key})
+                yield bad_request(unit.job.key, why, "response_format", "invalid_response_format")
+                continue
             if s.kv_cost(_first(unit)) > alloc.num_blocks - 1:
                 yield self._reject(unit)
                 continue

@@ -25,10 +25,11 @@ from batchwright.errors import APIError, InvalidRequest, NotFound, RateLimited, 
 from batchwright.online.admission import Caller, admit
 from batchwright.online.body import ClientGone, read_json
 from batchwright.online.call import Call
+from batchwright.online.chat_chunks import ChatChunkWriter
 from batchwright.online.chunks import ChunkWriter
 from batchwright.online.ratelimit import Decision, estimate_tokens
 from batchwright.online.runtime import Runtime, runtime
-from batchwright.protocol.completions import check_completion_body
+from batchwright.protocol.endpoints import CHAT, COMPLETIONS, check_body
 from batchwright.registry import load_registry
 from batchwright.relay.api_side import Follower
 from batchwright.relay.messages import WORKER_LOST, Delta, Done, Event, Failed, OnlineRequest
@@ -45,6 +46,17 @@ def _json_error(exc: APIError, headers: dict[str, str] | None = None) -> ORJSONR
 
 @router.post("/v1/completions")
 async def create_completion(request: Request) -> Response:
+    return await _handle(request, COMPLETIONS)
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(request: Request) -> Response:
+    """The same path for chat requests: their body check, `chat.completion` answers and
+    `chat.completion.chunk` events (online/chat_chunks.py)."""
+    return await _handle(request, CHAT)
+
+
+async def _handle(request: Request, endpoint: str) -> Response:
     try:
         rt = runtime(request.app)
         caller = await run_in_threadpool(admit, request.headers.get("authorization"))
@@ -52,7 +64,7 @@ async def create_completion(request: Request) -> Response:
         return _json_error(exc)
     call = Call(caller.project_id, caller.key_id)
     try:
-        return await _serve(request, rt, caller, call)
+        return await _serve(request, rt, caller, call, endpoint)
     except ClientGone:
         call.gone()
         _finish(rt, caller, call)
@@ -63,9 +75,11 @@ async def create_completion(request: Request) -> Response:
         return _json_error(exc, call.headers)
 
 
-async def _serve(request: Request, rt: Runtime, caller: Caller, call: Call) -> Response:
+async def _serve(
+    request: Request, rt: Runtime, caller: Caller, call: Call, endpoint: str
+) -> Response:
     body = await read_json(request, rt.settings.max_json_body_bytes)
-    req, error = check_completion_body(body, online=True)
+    req, error = check_body(endpoint, body, online=True)
     if isinstance(body, dict) and isinstance(body.get("model"), str):
         call.model = body["model"]
     if error is not None or req is None:
@@ -115,7 +129,8 @@ async def _serve(request: Request, rt: Runtime, caller: Caller, call: Call) -> R
         _finish(rt, caller, call)
         return Response(status_code=499)
     if req.stream:
-        writer = ChunkWriter(online, req.include_usage, _fingerprint(follower))
+        chunks = ChatChunkWriter if endpoint == CHAT else ChunkWriter
+        writer = chunks(online, req.include_usage, _fingerprint(follower))
         stream = _stream(first, follower, writer, rt, caller, call)
         headers = {**SSE_HEADERS, **call.headers}
         return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
@@ -224,7 +239,12 @@ async def _answer(
 
 
 async def _stream(
-    first: Event, follower: Follower, writer: ChunkWriter, rt: Runtime, caller: Caller, call: Call
+    first: Event,
+    follower: Follower,
+    writer: ChunkWriter | ChatChunkWriter,
+    rt: Runtime,
+    caller: Caller,
+    call: Call,
 ) -> AsyncIterator[bytes]:
     ended = False
     try:

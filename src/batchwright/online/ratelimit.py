@@ -16,6 +16,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from batchwright.protocol.chat import ChatCompletionRequest
 from batchwright.protocol.completions import CompletionRequest
 
 # KEYS: requests bucket, tokens bucket. ARGV: requests/min, tokens/min (0: none), tokens.
@@ -84,8 +85,12 @@ class Decision:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-def estimate_tokens(req: CompletionRequest) -> int:
-    """Prompt tokens (estimated for text) plus max_tokens for every sequence."""
+def estimate_tokens(req: CompletionRequest | ChatCompletionRequest) -> int:
+    """Prompt tokens (estimated for text) plus max_tokens for every sequence. A chat
+    request without a completion limit is charged its prompt (settled with its usage)."""
+    if isinstance(req, ChatCompletionRequest):
+        text = sum(math.ceil(len(m.text.encode()) / 4) + 4 for m in req.messages)
+        return max(1, text) + (req.max_new_tokens or 0) * req.n
     prompts: list[Any] = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
     if prompts and isinstance(prompts[0], int):
         prompt_tokens = len(prompts)

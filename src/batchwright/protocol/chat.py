@@ -9,18 +9,27 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from batchwright.protocol.base import OpenAIBaseModel
 from batchwright.protocol.completions import (
     _INT64,
-    _NOT_IN_BATCH,
     CompletionUsage,
     _check_sequences,
     _describe,
     _error,
+    _online,
     check_logit_bias,
     check_stop,
+    check_stream_options,
     show,
 )
 from batchwright.protocol.response_format import ResponseFormat
@@ -65,6 +74,7 @@ KNOWN_PARAMS = frozenset(
     }
 )
 ROLES = ("system", "developer", "user", "assistant")
+_CHAT_NOT_IN_BATCH = "is not supported in a batch: chat lines run to completion server-side"
 MAX_TOP_LOGPROBS = 20
 
 
@@ -138,20 +148,24 @@ class ChatCompletionRequest(BaseModel):
 
     @field_validator("stream")
     @classmethod
-    def _no_stream(cls, v: bool | None) -> bool | None:
-        if v:
-            raise ValueError(f"stream=true {_NOT_IN_BATCH.replace('/v1/completions', 'chat')}")
+    def _no_stream(cls, v: bool | None, info: ValidationInfo) -> bool | None:
+        if v and not _online(info):
+            raise ValueError(f"stream=true {_CHAT_NOT_IN_BATCH}")
         return v
 
     @field_validator("stream_options")
     @classmethod
-    def _no_stream_options(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None:
-            raise ValueError(f"stream_options {_NOT_IN_BATCH.replace('/v1/completions', 'chat')}")
-        return v
+    def _stream_options(
+        cls, v: dict[str, Any] | None, info: ValidationInfo
+    ) -> dict[str, Any] | None:
+        if v is not None and not _online(info):
+            raise ValueError(f"stream_options {_CHAT_NOT_IN_BATCH}")
+        return check_stream_options(v)
 
     @model_validator(mode="after")
     def _consistent(self) -> ChatCompletionRequest:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: stream_options is only allowed when stream is true")
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs: 'logprobs' must be true when 'top_logprobs' is set")
         if (
@@ -165,6 +179,10 @@ class ChatCompletionRequest(BaseModel):
                 f"{self.max_tokens})"
             )
         return self
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
 
     # Views the engine and the validation share with completion lines.
     @property
@@ -252,9 +270,11 @@ def _unsupported(body: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def check_chat_body(
-    body: object, max_sequences: int | None = None
+    body: object, max_sequences: int | None = None, *, online: bool = False
 ) -> tuple[ChatCompletionRequest | None, dict[str, Any] | None]:
-    """Validate a chat line's body: (request, None) or (None, OpenAI error object)."""
+    """Validate a chat line's body: (request, None) or (None, OpenAI error object).
+    `online`: the body of a POST /v1/chat/completions, where `stream` and `stream_options`
+    are allowed."""
     if not isinstance(body, dict):
         return None, _error("The request body must be a JSON object.", None, "invalid_body")
     for key in body:
@@ -263,7 +283,7 @@ def check_chat_body(
     if (err := _unsupported(body)) is not None:
         return None, err
     try:
-        req = ChatCompletionRequest.model_validate(body)
+        req = ChatCompletionRequest.model_validate(body, context={"online": online})
     except ValidationError as exc:
         first = exc.errors()[0]
         message, param = _describe(first)

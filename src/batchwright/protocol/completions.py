@@ -88,6 +88,15 @@ def check_logit_bias(v: dict[str, float] | None) -> dict[str, float] | None:
     return v
 
 
+def check_stream_options(v: dict[str, Any] | None) -> dict[str, Any] | None:
+    for key, value in (v or {}).items():
+        if key not in _STREAM_OPTIONS:
+            raise ValueError(f"unknown option {show(key)} (known: include_usage)")
+        if not isinstance(value, bool):
+            raise ValueError(f"{key} must be a boolean, got {show(value)}")
+    return v
+
+
 class CompletionRequest(BaseModel):
     """A batch line body for /v1/completions, with OpenAI's defaults and ranges."""
 
@@ -165,16 +174,9 @@ class CompletionRequest(BaseModel):
     def _stream_options(
         cls, v: dict[str, Any] | None, info: ValidationInfo
     ) -> dict[str, Any] | None:
-        if v is None:
-            return v
-        if not _online(info):
+        if v is not None and not _online(info):
             raise ValueError(f"stream_options {_NOT_IN_BATCH}")
-        for key, value in v.items():
-            if key not in _STREAM_OPTIONS:
-                raise ValueError(f"unknown option {show(key)} (known: include_usage)")
-            if not isinstance(value, bool):
-                raise ValueError(f"{key} must be a boolean, got {show(value)}")
-        return v
+        return check_stream_options(v)
 
     @model_validator(mode="after")
     def _best_of_vs_n(self) -> CompletionRequest:

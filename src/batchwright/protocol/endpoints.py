@@ -18,12 +18,13 @@ LineRequest = CompletionRequest | ChatCompletionRequest
 
 
 def check_body(
-    endpoint: str, body: object, max_sequences: int | None = None
+    endpoint: str, body: object, max_sequences: int | None = None, *, online: bool = False
 ) -> tuple[LineRequest | None, dict[str, Any] | None]:
-    """A line's body checked as `endpoint` takes it: (request, None) or (None, error)."""
+    """A body checked as `endpoint` takes it: (request, None) or (None, error). `online`:
+    a POST to the endpoint itself (streaming allowed) rather than a batch line."""
     if endpoint == CHAT:
-        return check_chat_body(body, max_sequences)
-    return check_completion_body(body, max_sequences)
+        return check_chat_body(body, max_sequences, online=online)
+    return check_completion_body(body, max_sequences, online=online)
 
 
 def endpoint_of(body: dict[str, Any]) -> str:
