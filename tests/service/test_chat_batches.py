@@ -45,7 +45,9 @@ def submit_chat(client: Any, lines: list[dict[str, Any]]) -> Any:
 
 def test_chat_batch_file_runs_unchanged(client: Any) -> None:
     lines = [chat_line(f"request-{i}", temperature=0.5, seed=i) for i in range(6)]
-    lines.append(chat_line("lp", logprobs=True, top_logprobs=2, max_completion_tokens=3))
+    lines.append(
+        chat_line("lp", logprobs=True, top_logprobs=2, max_tokens=None, max_completion_tokens=3)
+    )
     lines.append(chat_line("meta", metadata={"k": "v"}, store=True, n=2))
     batch = submit_chat(client, lines)
     assert batch.endpoint == CHAT
