@@ -27,6 +27,7 @@ from batchwright.protocol.chat import (
     ChoiceLogprobs,
     TokenLogprob,
     TopLogprob,
+    chat_id,
     check_chat_body,
 )
 from batchwright.protocol.completions import CompletionRequest
@@ -152,7 +153,7 @@ def build_chat_result(
         )
     usage = result_usage(job)
     completion = ChatCompletion(
-        id=job.id.replace("cmpl-", "chatcmpl-", 1),
+        id=chat_id(job.id),
         choices=choices,
         created=job.created,
         model=model,

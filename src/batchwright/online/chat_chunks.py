@@ -15,12 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchwright.online.chunks import DONE, sse
+from batchwright.protocol.chat import chat_id
 from batchwright.relay.messages import ChoiceDelta, Delta, OnlineRequest
-
-
-def chat_id(request_id: str) -> str:
-    """The chat completion's id for a request id: the engine names it the same way."""
-    return "chatcmpl-" + request_id.removeprefix("cmpl-")
 
 
 def token_bytes(token: str) -> list[int]:

@@ -299,6 +299,12 @@ def check_chat_body(
 # --- response objects -------------------------------------------------------------------
 
 
+def chat_id(completion_id: str) -> str:
+    """A chat completion's id for a completion id ("cmpl-x" -> "chatcmpl-x"): the engine,
+    the worker and the streamed chunks name a chat request alike."""
+    return "chatcmpl-" + completion_id.removeprefix("cmpl-")
+
+
 class TopLogprob(OpenAIBaseModel):
     token: str
     logprob: float

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from batchwright.config import Settings
 from batchwright.engine.types import GenRequest, GenResult
+from batchwright.protocol.chat import chat_id
 from batchwright.relay.factory import worker_relay
 from batchwright.relay.messages import ChoiceDelta, Delta, Done, Failed, Started
 from batchwright.relay.worker_side import Taken, WorkerEvent
@@ -181,7 +182,9 @@ class OnlineWork:
         t = self.live.pop(result.key)
         r = t.request
         if result.status_code == 200 and result.completion is not None:
-            completion = {**result.completion, "id": r.id, "created": r.created}
+            chat = result.completion.get("object") == "chat.completion"
+            rid = chat_id(r.id) if chat else r.id
+            completion = {**result.completion, "id": rid, "created": r.created}
             event: WorkerEvent = Done(worker=self.wid, completion=completion)
         else:
             error = result.error or {"message": "generation failed", "type": "server_error"}
