@@ -68,9 +68,15 @@ def test_metrics_count_online_requests_by_status(svc: Service) -> None:
     key = svc.key("team-metrics")
     headers = {"Authorization": f"Bearer {key}"}
     body = {"model": "demo-b", "prompt": "x", "stream": True}
+    series = 'batchwright_online_requests_total{model="demo-b",status="503",stream="true"}'
+
+    def count() -> float:
+        text = httpx.get(svc.api_url + "/metrics").text
+        found = [ln for ln in text.splitlines() if ln.startswith(series + " ")]
+        return float(found[0].rsplit(" ", 1)[1]) if found else 0.0
+
+    before = count()
     for _ in range(2):
         answer = httpx.post(svc.api_url + "/v1/completions", json=body, headers=headers)
         assert answer.status_code == 503
-    text = httpx.get(svc.api_url + "/metrics").text
-    series = 'batchwright_online_requests_total{model="demo-b",status="503",stream="true"}'
-    assert f"{series} 2.0" in text
+    assert count() == before + 2
