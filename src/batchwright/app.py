@@ -6,6 +6,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from batchwright.api import errors, health, metrics
+from batchwright.api.body_guard import BodyGuard
 from batchwright.api.guards import RejectNulInURL
 from batchwright.batches.endpoints import router as batches_router
 from batchwright.dashboard import routes as dashboard
@@ -19,7 +20,8 @@ from batchwright.worker.dispatch import CeleryDispatcher, set_dispatcher
 def create_app() -> FastAPI:
     app = FastAPI(title="batchwright", version="0.1.0", lifespan=lifespan)
     errors.install(app)
-    app.add_middleware(RejectNulInURL)
+    app.add_middleware(BodyGuard)
+    app.add_middleware(RejectNulInURL)  # added last: runs first
     app.include_router(health.router)
     metrics.install(app)
     app.include_router(files_router)

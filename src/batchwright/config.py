@@ -92,8 +92,10 @@ class Settings(BaseSettings):
     # many wait in an API process while the database is away (then new ones are dropped).
     online_usage_flush_seconds: float = 0.5
     online_usage_buffer: int = 100_000
-    # A JSON request body (POST /v1/completions) over this is a 413 before it is read whole.
-    max_json_body_bytes: int = 16 * 1024 * 1024
+    # A request body (JSON or form; uploads have their own limit) over this is a 413 before it
+    # is read whole. Parsed JSON can take 30x its size (a list of empty lists): at 4 MiB the
+    # API peaks near 225 MiB on the worst body (bench/api_body_memory.py).
+    max_json_body_bytes: int = 4 * 1024 * 1024
 
     @field_validator("models_file", mode="before")
     @classmethod

@@ -20,12 +20,22 @@ class APIError(Exception):
     def body(self) -> dict[str, Any]:
         return {
             "error": {
-                "message": self.message,
+                "message": _utf8(self.message),
                 "type": self.type,
-                "param": self.param,
+                "param": None if self.param is None else _utf8(self.param),
                 "code": self.code,
             }
         }
+
+
+def _utf8(text: str) -> str:
+    """`text` as valid UTF-8: a lone surrogate the client sent (valid JSON, "\\ud800") and
+    quoted back in a message is written as its escape instead of failing the response."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
 
 
 class InvalidRequest(APIError):

@@ -9,19 +9,26 @@ import orjson
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from batchwright.batches.quotas import TokenCounter
+from batchwright.config import Settings
 from batchwright.engine.jobs import Job
 from batchwright.engine.runtime import Engine
 from batchwright.engine.types import GenRequest, GenResult
 from batchwright.protocol.completions import KNOWN_PARAMS, check_completion_body
+from batchwright.registry import Registry
 
 _scalars = (
     st.none()
     | st.booleans()
-    | st.integers(min_value=-(2**64), max_value=2**64)
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    # Integers at the edges of int64, and products of two that pass it (n x max_tokens).
+    | st.sampled_from([2**31 - 1, 2**31, 2**62, 2**63 - 1, 2**63, 2**64, -(2**63) - 1])
     | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=12)
+    # Lone surrogates included: valid JSON escapes ("\\ud800") that are not valid UTF-8.
+    | st.text(st.characters(codec=None), max_size=12)
     # Strings that look like numbers to one check and not to another.
     | st.sampled_from(["²", "¹", "①", "٣", "0", "007", "1" * 5000, "-1", "1.5", " 1", "\x00"])
+    | st.sampled_from(["\ud800", "a\udfffb", "\udbff\udbff"])
 )
 _json = st.recursive(
     _scalars,
@@ -40,6 +47,7 @@ _edgy = st.one_of(
     ),
 )
 _fields = [*sorted(KNOWN_PARAMS), "unknown_field"]
+COUNTER = TokenCounter(Registry(models={}), None)  # prompts counted at 4 bytes a token
 
 
 def _deep(levels: int) -> Any:
@@ -64,6 +72,9 @@ def _through_json(body: dict[str, Any]) -> Any:
 @example(changes={"stop": _deep(900)})
 @example(changes={"prompt": [[5] * 3] * 300, "n": 2})
 @example(changes={"seed": 2**63})
+@example(changes={"max_tokens": 2**63 - 1})
+@example(changes={"n": 2, "max_tokens": 2**62})
+@example(changes={"prompt": ["\ud800"]})
 def test_any_json_body_is_a_job_or_a_400(engine: Engine, changes: dict[str, Any]) -> None:
     body: dict[str, Any] = {"model": "test", "prompt": "Hello", "max_tokens": 4, **changes}
     try:
@@ -76,6 +87,10 @@ def test_any_json_body_is_a_job_or_a_400(engine: Engine, changes: dict[str, Any]
         assert isinstance(err["message"], str) and len(err["message"]) < 1000, err
         assert err["type"] == "invalid_request_error"
         assert err["param"] is None or isinstance(err["param"], str)
+    else:
+        # Its enqueued tokens, summed over a batch of the most lines, fit the quota's bigint.
+        assert req is not None
+        assert COUNTER.line(req) * Settings().max_batch_lines < 2**63, body
     out = engine.prepare(GenRequest(key=7, body=body))
     if isinstance(out, GenResult):
         assert out.status_code == 400 and out.error is not None, out

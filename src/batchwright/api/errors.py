@@ -6,10 +6,11 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import ORJSONResponse
+from fastapi.responses import ORJSONResponse, Response
 from sqlalchemy.exc import DBAPIError, OperationalError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from batchwright.auth.service import authenticate
 from batchwright.db.session import get_sessionmaker
@@ -63,6 +64,9 @@ async def on_validation_error(request: Request, exc: Exception) -> ORJSONRespons
         message = f"Missing required parameter: '{param}'."
     elif kind == "extra_forbidden":
         message = f"Unrecognized request argument supplied: {param}"
+    elif kind == "string_unicode":  # a lone surrogate in a key, which pydantic cannot name
+        where = f"'{param}'" if param else "the request body"
+        message = f"A string in {where} is not valid Unicode: it holds a lone UTF-16 surrogate."
     elif kind == "json_invalid":
         # The location is a character offset, not a parameter: OpenAI answers param null.
         message = f"We could not parse the JSON body of your request: {msg}."
@@ -105,6 +109,14 @@ async def on_db_error(_: Request, exc: Exception) -> ORJSONResponse:
     return _render(Unavailable("The database is unavailable; retry the request."))
 
 
+async def on_client_gone(request: Request, _: Exception) -> Response:
+    # Not a server error: the transaction rolled back and nothing of the body was kept.
+    log.warning(
+        "%s %s: the client left before sending its whole body", request.method, request.url.path
+    )
+    return Response(status_code=400)  # nobody reads it
+
+
 async def on_unexpected(_: Request, exc: Exception) -> ORJSONResponse:
     log.exception("unhandled error", exc_info=exc)
     return _render(APIError("Internal server error."))
@@ -114,6 +126,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(HTTPException, on_http_error)
+    app.add_exception_handler(ClientDisconnect, on_client_gone)
     app.add_exception_handler(OperationalError, on_db_error)
     app.add_exception_handler(DBAPIError, on_db_error)
     app.add_exception_handler(Exception, on_unexpected)

@@ -134,7 +134,10 @@ async def receive_upload(
     callbacks = {
         name: getattr(collector, name) for name in dir(collector) if name.startswith("on_")
     }
-    parser = python_multipart.MultipartParser(params[b"boundary"], callbacks)  # type: ignore[arg-type]
+    try:
+        parser = python_multipart.MultipartParser(params[b"boundary"], callbacks)  # type: ignore[arg-type]
+    except FormParserError as exc:  # e.g. a boundary over 256 characters
+        raise InvalidRequest(f"Malformed multipart body: {exc}.", param="file") from exc
     writer: ChunkWriter | None = None
 
     def drain() -> None:

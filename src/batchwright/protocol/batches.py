@@ -101,10 +101,9 @@ class CreateBatch(BaseModel):
 
     @field_validator("input_file_id", "endpoint", "completion_window")
     @classmethod
-    def _no_nul(cls, v: str, info: ValidationInfo) -> str:
-        # Postgres text cannot hold NUL: refused here as the client's mistake, not a 503.
-        if "\x00" in v:
-            raise ValueError(f"'{info.field_name}' must not contain NUL characters")
+    def _storable_text(cls, v: str, info: ValidationInfo) -> str:
+        if not storable(v):
+            raise ValueError(f"'{info.field_name}' must not contain {UNSTORABLE}")
         return v
 
     @field_validator("metadata")
@@ -115,13 +114,29 @@ class CreateBatch(BaseModel):
         if len(v) > 16:
             raise ValueError("metadata may hold at most 16 key-value pairs")
         for key, value in v.items():
-            if "\x00" in key or "\x00" in value:
-                raise ValueError("metadata keys and values must not contain NUL characters")
+            if not (storable(key) and storable(value)):
+                raise ValueError(f"metadata keys and values must not contain {UNSTORABLE}")
             if len(key) > 64:
                 raise ValueError(f"metadata key {key[:20]!r}... is longer than 64 characters")
             if len(value) > 512:
                 raise ValueError(f"metadata value for {key!r} is longer than 512 characters")
         return v
+
+
+UNSTORABLE = "NUL characters or lone UTF-16 surrogates"
+
+
+def storable(text: str) -> bool:
+    """Whether Postgres text can hold `text`: no NUL, and valid UTF-8 (JSON's "\\ud800" is
+    valid JSON but a lone surrogate, which no UTF-8 encoding has). Refused as the client's
+    mistake, not a 500 or a 503."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class Model(OpenAIBaseModel):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import reprlib
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -23,7 +23,11 @@ from pydantic import (
 from batchwright.protocol.base import OpenAIBaseModel
 from batchwright.protocol.response_format import ResponseFormat
 
-PromptType = str | list[str] | list[int] | list[list[int]]
+# fail_fast: a list of a million wrong items is one error, not a million built for every
+# branch of the union (gigabytes and a minute for a 4 MB prompt of floats).
+TokenIds = Annotated[list[int], Field(fail_fast=True)]
+Strings = Annotated[list[str], Field(fail_fast=True)]
+PromptType = str | Strings | TokenIds | Annotated[list[TokenIds], Field(fail_fast=True)]
 
 # Every create parameter OpenAI documents for /v1/completions. `suffix`, `stream` and
 # `stream_options` are known (so they get a precise message) but not supported in a batch;
@@ -57,6 +61,7 @@ _NO_SUFFIX = "is not supported: the models served here complete text, they do no
 _STREAM_OPTIONS = frozenset({"include_usage", "include_obfuscation"})
 
 _INT64 = 2**63
+MAX_TOKENS = 2**31 - 1
 # A logit_bias key is a token id in ASCII digits: str.isdigit() also accepts "²" or "①",
 # which int() rejects, and a key of thousands of digits is over int()'s own limit.
 _TOKEN_ID = re.compile(r"[0-9]{1,12}")
@@ -105,12 +110,14 @@ class CompletionRequest(BaseModel):
 
     model: str
     prompt: PromptType
-    max_tokens: int = Field(default=16, ge=0)
+    # Above any model's context (a line asking more is a 400 at run time); the bound keeps
+    # n x max_tokens, summed over a batch's lines for its quota, inside a bigint.
+    max_tokens: int = Field(default=16, ge=0, le=MAX_TOKENS)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, ge=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=128)
     best_of: int | None = Field(default=None, ge=1, le=20)
-    stop: str | list[str] | None = None
+    stop: str | Strings | None = None
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=5)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
@@ -149,6 +156,16 @@ class CompletionRequest(BaseModel):
     @classmethod
     def _stop_shape(cls, v: str | list[str] | None) -> str | list[str] | None:
         return check_stop(v)
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _logit_bias_numbers(cls, v: Any) -> Any:
+        # Before pydantic's own pass, which makes an error of every entry that is no number.
+        if isinstance(v, dict):
+            for key, bias in v.items():
+                if isinstance(bias, bool) or not isinstance(bias, int | float):
+                    raise ValueError(f"bias for token {show(key)} is {show(bias)}, not a number")
+        return v
 
     @field_validator("logit_bias")
     @classmethod
