@@ -37,6 +37,7 @@ NESTS = b"[" + b"[]," * (KIB64 // 3 - 1) + b"[]],"
 OPEN = b'{"input_file_id": "file-x", "endpoint": "/v1/completions", "completion_window": "24h", '
 OPEN += b'"metadata": {"k": ['
 ONLINE = b'{"model": "demo", "prompt": ['
+CHAT = b'{"model": "demo", "messages": ['
 CLOSE = b"[]]}}"
 
 
@@ -59,7 +60,7 @@ def _send(head: bytes, pieces: Iterator[bytes]) -> int:
 def _body(total: int, piece: bytes, opening: bytes = OPEN) -> list[bytes]:
     """A valid JSON body of about `total` bytes, `piece` repeated inside: the metadata (or
     prompt) is the wrong type, but the body is parsed whole before that is found."""
-    close = CLOSE if opening == OPEN else b"[]]}"
+    close = CLOSE if opening == OPEN else b"[]]}"  # the online bodies nest one level less
     return [opening, *[piece] * max((total - len(opening) - len(close)) // len(piece), 0), close]
 
 
@@ -131,6 +132,8 @@ def main() -> None:
             ("/v1/batches", f"empty lists {cap}", key, _body(limit, NESTS), False),
             ("/v1/completions", f"floats {cap}", key, _body(limit, FLOATS, ONLINE), False),
             ("/v1/completions", f"empty lists {cap}", key, _body(limit, NESTS, ONLINE), False),
+            ("/v1/chat/completions", f"floats {cap}", key, _body(limit, FLOATS, CHAT), False),
+            ("/v1/chat/completions", f"empty lists {cap}", key, _body(limit, NESTS, CHAT), False),
             ("/dashboard/login", f"form, {big}", None, form, False),
         ]
         for path, what, who, parts, chunked in legs:

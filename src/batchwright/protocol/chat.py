@@ -7,7 +7,7 @@ or an OpenAI error object naming the parameter, as `check_completion_body` does.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -22,7 +22,9 @@ from pydantic import (
 from batchwright.protocol.base import OpenAIBaseModel
 from batchwright.protocol.completions import (
     _INT64,
+    MAX_TOKENS,
     CompletionUsage,
+    Strings,
     _check_sequences,
     _describe,
     _error,
@@ -30,6 +32,7 @@ from batchwright.protocol.completions import (
     check_logit_bias,
     check_stop,
     check_stream_options,
+    logit_bias_numbers,
     show,
 )
 from batchwright.protocol.response_format import ResponseFormat
@@ -89,7 +92,7 @@ class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart]
+    content: str | Annotated[list[ContentPart], Field(fail_fast=True)]
     name: str | None = None
 
     @property
@@ -106,13 +109,14 @@ class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str
-    messages: list[ChatMessageIn] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=0)
-    max_tokens: int | None = Field(default=None, ge=0)
+    # fail_fast: a million bad messages are one error, not a million (protocol/completions).
+    messages: list[ChatMessageIn] = Field(min_length=1, fail_fast=True)
+    max_completion_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
+    max_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
     n: int = Field(default=1, ge=1, le=128)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, ge=0.0, le=1.0)
-    stop: str | list[str] | None = None
+    stop: str | Strings | None = None
     seed: int | None = Field(default=None, ge=-_INT64, le=_INT64 - 1)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
@@ -140,6 +144,11 @@ class ChatCompletionRequest(BaseModel):
     @classmethod
     def _stop_shape(cls, v: str | list[str] | None) -> str | list[str] | None:
         return check_stop(v)
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _logit_bias_numbers(cls, v: Any) -> Any:
+        return logit_bias_numbers(v)
 
     @field_validator("logit_bias")
     @classmethod

@@ -93,6 +93,16 @@ def check_logit_bias(v: dict[str, float] | None) -> dict[str, float] | None:
     return v
 
 
+def logit_bias_numbers(v: Any) -> Any:
+    """Before pydantic's own pass, which makes an error of every entry that is no number
+    (a million of them for a body of a few megabytes): the first one is enough."""
+    if isinstance(v, dict):
+        for key, bias in v.items():
+            if isinstance(bias, bool) or not isinstance(bias, int | float):
+                raise ValueError(f"bias for token {show(key)} is {show(bias)}, not a number")
+    return v
+
+
 def check_stream_options(v: dict[str, Any] | None) -> dict[str, Any] | None:
     for key, value in (v or {}).items():
         if key not in _STREAM_OPTIONS:
@@ -160,12 +170,7 @@ class CompletionRequest(BaseModel):
     @field_validator("logit_bias", mode="before")
     @classmethod
     def _logit_bias_numbers(cls, v: Any) -> Any:
-        # Before pydantic's own pass, which makes an error of every entry that is no number.
-        if isinstance(v, dict):
-            for key, bias in v.items():
-                if isinstance(bias, bool) or not isinstance(bias, int | float):
-                    raise ValueError(f"bias for token {show(key)} is {show(bias)}, not a number")
-        return v
+        return logit_bias_numbers(v)
 
     @field_validator("logit_bias")
     @classmethod
