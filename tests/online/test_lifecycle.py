@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
+import orjson
 import pytest
 import redis
 
@@ -63,6 +65,56 @@ def test_a_client_that_leaves_cancels_its_request_at_the_worker(
     model, status, stream, _, _, completion_tokens, ttft, _, finish, gone, _ = row
     assert (model, status, stream, gone, finish) == ("demo", 499, True, True, None)
     assert 1 <= completion_tokens < 480 and ttft is not None  # type: ignore[operator]
+
+
+def test_a_plain_request_whose_client_leaves_is_cancelled_too(
+    service: Service, worker: Worker
+) -> None:
+    key = service.key("team-leaves-plain")
+    cancelled = 'batchwright_worker_online_cancelled_total{model="demo"}'
+    before = worker.metric(cancelled) or 0.0
+    body = orjson.dumps(
+        {"model": "demo", "prompt": "Once", "max_tokens": 480, "logit_bias": {str(EOS): -100}}
+    )
+    host, port = service.api_url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    client = redis.Redis.from_url(REDIS)
+    prefix = f"{service.env['BATCHWRIGHT_QUEUE']}:online"
+    mine = key_id(service, "team-leaves-plain").encode()
+
+    def held() -> bytes | None:
+        for name in client.scan_iter(f"{prefix}:taken:*"):
+            for raw in client.lrange(name, 0, -1):
+                if mine in raw:
+                    return bytes(raw)
+        return None
+
+    # The moment its worker holds it, the worker is frozen: hundreds of steps to go.
+    raw = service.wait(held, 60, "the request taken")
+    worker.proc.signal_group(signal.SIGSTOP)
+    try:
+        sock.close()
+        request_id = orjson.loads(raw)["id"]
+        service.wait(lambda: client.exists(f"{prefix}:cancel:{request_id}"), 30, "the cancel")
+    finally:
+        worker.proc.signal_group(signal.SIGCONT)
+    service.wait(lambda: (worker.metric(cancelled) or 0.0) == before + 1, 60, "the drop")
+    service.wait(lambda: len(usage_rows(service, "team-leaves-plain")) == 1, 30, "usage row")
+    [row] = usage_rows(service, "team-leaves-plain")
+    assert (row[1], row[2], row[9]) == (499, False, True)
+
+
+def key_id(service: Service, project: str) -> str:
+    [(found,)] = service.sql(
+        "SELECT k.id FROM api_keys k JOIN projects p ON p.id = k.project_id WHERE p.name = %s",
+        project,
+    )
+    return str(found)
 
 
 def test_a_request_no_worker_starts_in_time_is_a_503(service: Service, worker: Worker) -> None:
