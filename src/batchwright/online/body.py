@@ -8,7 +8,8 @@ from typing import Any
 import orjson
 from starlette.requests import ClientDisconnect, Request
 
-from batchwright.errors import InvalidRequest, PayloadTooLarge
+from batchwright.api.body_guard import too_large
+from batchwright.errors import InvalidRequest
 
 
 class ClientGone(Exception):
@@ -18,14 +19,14 @@ class ClientGone(Exception):
 async def read_json(request: Request, limit: int) -> Any:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
+        raise too_large(limit)
     chunks: list[bytes] = []
     size = 0
     try:
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise _too_large(limit)
+                raise too_large(limit)
             chunks.append(chunk)
     except ClientDisconnect:
         raise ClientGone() from None
@@ -35,10 +36,3 @@ async def read_json(request: Request, limit: int) -> Any:
         raise InvalidRequest(
             f"We could not parse the JSON body of your request: {exc}.", code="invalid_json"
         ) from None
-
-
-def _too_large(limit: int) -> PayloadTooLarge:
-    return PayloadTooLarge(
-        f"The request body is over {limit} bytes (BATCHWRIGHT_MAX_JSON_BODY_BYTES).",
-        code="request_too_large",
-    )
