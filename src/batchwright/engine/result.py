@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from batchwright.engine.jobs import Decode, Job, Seq
 from batchwright.engine.types import GenResult
@@ -57,6 +58,15 @@ class LogprobsBuilder:
     def add_generated(self, seq: Seq, index: int) -> None:
         tid, lp = seq.out_ids[index], seq.out_lps[index]
         self.add(tid, lp, top_dict(seq.out_tops[index], self.k, tid, lp, self.tok))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The entries as Logprobs' JSON, without building the model (per-step deltas)."""
+        return {
+            "tokens": self.tokens,
+            "token_logprobs": self.lps,
+            "top_logprobs": self.tops,
+            "text_offset": self.offsets,
+        }
 
     def build(self) -> Logprobs:
         return Logprobs(

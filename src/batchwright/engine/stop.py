@@ -25,10 +25,14 @@ class IncrementalText:
         self.prefix = 0  # ids[prefix:read]: the last complete piece, decoded as context
         self.read = 0
         self.held = 0  # characters past the context already in `text` (before a settle)
+        self._context: tuple[int, int, str] = (0, 0, "")  # decode(ids[prefix:read]), kept
 
     def update(self, ids: list[int]) -> str:
         """Take in `ids` (the whole list so far); returns the text that became final."""
-        context = self.decode(ids[self.prefix : self.read])
+        at, to, context = self._context
+        if (at, to) != (self.prefix, self.read):
+            context = self.decode(ids[self.prefix : self.read])
+            self._context = (self.prefix, self.read, context)
         window = self.decode(ids[self.prefix :])
         new = window.rstrip("\ufffd")[len(context) + self.held :]
         self.text += new

@@ -101,7 +101,7 @@ class ChoiceStream:
             "index": self.index,
             "text": echo + new,
             "token_ids": ids,
-            "logprobs": None if lps is None else lps.build().model_dump(mode="json"),
+            "logprobs": None if lps is None else lps.as_dict(),
             "finish_reason": finish,
         }
 
@@ -115,14 +115,14 @@ class JobStream:
     def __init__(self, engine: Text, job: Job) -> None:
         n = job.req.n
         self.choices = [ChoiceStream(engine, job, s, s.prompt_index * n + s.cand) for s in job.seqs]
+        self.finished = False  # every choice sent its finish_reason
 
     @staticmethod
     def streams(job: Job) -> bool:
         return job.req.candidates == job.req.n
 
     def deltas(self) -> list[Delta]:
-        return [d for c in self.choices if (d := c.delta()) is not None]
-
-    @property
-    def finished(self) -> bool:
-        return all(c.done for c in self.choices)
+        out = [d for c in self.choices if (d := c.delta()) is not None]
+        if out:
+            self.finished = all(c.done for c in self.choices)
+        return out

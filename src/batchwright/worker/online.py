@@ -1,15 +1,19 @@
 """Online requests of one model between the relay and its engine host.
 
-A taker thread keeps the worker announced (relay liveness, what the API's 503 reads),
-hands back what dead workers of the model held (the reaper), and takes requests from the
-relay while the engine has rows for them: requests beyond `max_rows` in flight stay in
-Redis, where any other live worker of the model may take them. Taken requests wait in an
-inbox for the engine's next step (`take`, called by the engine: engine/online.py).
+Two threads talk to Redis so that the engine's never does:
 
-Everything else runs in the engine's thread, once a step: the events of the last step
-(`Started` when the engine has a request, one `Delta` per streamed request, `Done` or
-`Failed` at its end) go out in one pipeline before the next step's forward, and the ids
-the API gave up are polled (one MGET) and dropped from the engine at that step.
+- the taker keeps the worker announced (relay liveness: what the API's 503 reads), hands
+  back what dead workers of the model held (the reaper), and takes requests while the
+  engine has rows for them: requests beyond `max_rows` in flight stay in Redis, where any
+  other live worker of the model may take them. Taken requests wait in an inbox for the
+  engine's next step (`take`, engine/online.py);
+- the publisher sends what the engine's steps queued (`Started` when the engine has a
+  request, one `Delta` per streamed request and step, `Done` or `Failed` at its end) in
+  one pipeline per wake-up, takes ended requests off the worker's taken list after their
+  last event, and polls the ids the API gave up (one MGET) for the engine's next step.
+
+The engine's thread only queues events and reads the cancels found (engine/online.py's
+OnlineFeed, and `finished`/`cancelled` for the host): a step never waits on a round trip.
 """
 
 from __future__ import annotations
@@ -26,7 +30,15 @@ from batchwright.config import Settings
 from batchwright.engine.types import GenRequest, GenResult
 from batchwright.protocol.chat import chat_id
 from batchwright.relay.factory import worker_relay
-from batchwright.relay.messages import ChoiceDelta, Delta, Done, Failed, Started
+from batchwright.relay.messages import (
+    ChoiceDelta,
+    Delta,
+    DeltaLogprobs,
+    Done,
+    Failed,
+    OnlineRequest,
+    Started,
+)
 from batchwright.relay.worker_side import Taken, WorkerEvent
 from batchwright.worker import metrics
 
@@ -39,6 +51,8 @@ log = logging.getLogger(__name__)
 _STREAM_FIELDS = ("stream", "stream_options")
 # How often the taker hands back what dead workers held (besides the API's own reaping).
 REAP_SECONDS = 2.0
+# How often the publisher looks for cancels while requests run, when no step woke it.
+CANCEL_POLL_SECONDS = 0.01
 
 
 class Host(Protocol):
@@ -64,37 +78,48 @@ class OnlineWork:
         self.model = host.model
         self.settings = settings
         self.wid = worker_id()
-        # A connection pool per thread: the taker's blocks in BLMPOP.
+        # A connection pool per thread: the taker blocks in BLMPOP.
         self._in = worker_relay(self.wid, [self.model], settings)
         self._out = worker_relay(self.wid, [self.model], settings)
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._inbox: deque[Taken] = deque()
-        self.live: dict[str, Taken] = {}  # in the engine, by request id
-        self._events: list[tuple[Any, WorkerEvent]] = []
+        self.live: dict[str, Taken] = {}  # in the engine, by request id (engine thread)
+        self._running: dict[str, Taken] = {}  # the same, as the publisher polls them
+        self._events: list[tuple[OnlineRequest, WorkerEvent]] = []
         self._ended: list[Taken] = []  # last event queued: leave the taken list after it
+        self._cancels: set[str] = set()  # found by the publisher, for the engine
         self._stop = threading.Event()
-        self._room = threading.Condition(self._lock)
-        self._thread = threading.Thread(target=self._take_loop, daemon=True, name="relay-take")
+        self._done = False  # the publisher's last round
+        self._taker = threading.Thread(target=self._take_loop, daemon=True, name="relay-take")
+        self._publisher = threading.Thread(target=self._publish_loop, daemon=True, name="relay-out")
 
-    # --- the taker thread ------------------------------------------------------------------
+    # --- life ------------------------------------------------------------------------------
 
     def start(self) -> None:
         self._in.announce()
-        self._thread.start()
+        self._taker.start()
+        self._publisher.start()
 
     def stop(self) -> None:
         """Take no more requests (the ones held run to their end)."""
         self._stop.set()
         with self._lock:
-            self._room.notify_all()
-        self._thread.join(timeout=10)
+            self._lock.notify_all()
+        self._taker.join(timeout=10)
 
     def leave(self) -> None:
-        """The worker is going: not alive any more; what it still holds is handed back."""
+        """The worker is going: what is queued goes out, then the worker is not alive any
+        more and what it still holds is handed back."""
+        with self._lock:
+            self._done = True
+            self._lock.notify_all()
+        self._publisher.join(timeout=10)
         try:
             self._out.leave()
         except Exception as exc:
             log.warning("relay leave failed: %r", exc)
+
+    # --- the taker thread ------------------------------------------------------------------
 
     def _take_loop(self) -> None:
         beat = max(0.05, self.settings.online_worker_ttl_seconds / 3)
@@ -126,10 +151,61 @@ class OnlineWork:
         if not self.host.loaded.wait(wait):
             return False
         with self._lock:
-            if len(self._inbox) + len(self.live) < self.host.engine.max_rows:
+            if len(self._inbox) + len(self._running) < self.host.engine.max_rows:
                 return True
-            self._room.wait(wait)
+            self._lock.wait(wait)
             return False
+
+    # --- the publisher thread --------------------------------------------------------------
+
+    def _publish_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not (self._events or self._ended or self._done):
+                    if not self._running:
+                        self._lock.wait()
+                    elif not self._lock.wait(CANCEL_POLL_SECONDS):
+                        break  # time to look for cancels
+                events, self._events = self._events, []
+                ended, self._ended = self._ended, []
+                running = list(self._running)
+                last = self._done and not events and not ended
+            try:
+                self._send(events, ended, running)
+            except Exception as exc:  # Redis away: the API gives up on them by itself
+                log.warning("relay publish: %r", exc)
+            if last:
+                return
+
+    def _send(self, events: list[Any], ended: list[Taken], running: list[str]) -> None:
+        if events:
+            self._out.publish(events)
+        for t in ended:
+            self._out.finish(t)
+        if running:
+            gone = self._out.cancelled(running)
+            if gone:
+                with self._lock:
+                    self._cancels |= gone
+                    for key in gone:
+                        t = self._running.pop(key, None)  # type: ignore[arg-type]
+                        if t is not None:
+                            self._ended.append(t)
+                    self._lock.notify_all()
+
+    def _queue(self, request: OnlineRequest, event: WorkerEvent, end: Taken | None = None) -> None:
+        """An event for the publisher, sent at the engine's next step (`cancelled`): one
+        wake-up a step, not one per event (each would take the GIL from the loop)."""
+        with self._lock:
+            self._events.append((request, event))
+            if end is not None:
+                self._ended.append(end)
+                self._running.pop(request.id, None)
+
+    def _send_queued(self) -> None:
+        if self._events or self._ended:
+            with self._lock:
+                self._lock.notify_all()
 
     # --- the engine's feed (engine/online.py's OnlineFeed), in the engine's thread ---------
 
@@ -140,10 +216,11 @@ class OnlineWork:
         return key in self.live
 
     def take(self) -> list[GenRequest]:
-        self._flush()
         with self._lock:
             taken = list(self._inbox)
             self._inbox.clear()
+            for t in taken:
+                self._running[t.request.id] = t
         out = []
         for t in taken:
             r = t.request
@@ -160,13 +237,14 @@ class OnlineWork:
         if t is not None:
             fp = self.host.engine.system_fingerprint
             event = Started(worker=self.wid, system_fingerprint=fp, prompt_tokens=prompt_tokens)
-            self._events.append((t.request, event))
+            self._queue(t.request, event)
 
     def emit(self, key: Any, deltas: list[dict[str, Any]]) -> None:
         t = self.live.get(key)
         if t is not None:
-            choices = [ChoiceDelta.model_validate(d) for d in deltas]
-            self._events.append((t.request, Delta(worker=self.wid, choices=choices)))
+            # Built by the engine to the model's shape: no validation on the engine's thread.
+            choices = [_choice(d) for d in deltas]
+            self._queue(t.request, Delta.model_construct(worker=self.wid, choices=choices))
 
     def preempted(self, lines: int, rows: int) -> None:
         metrics.PREEMPTIONS.labels(self.model).inc(lines)
@@ -189,23 +267,25 @@ class OnlineWork:
         else:
             error = result.error or {"message": "generation failed", "type": "server_error"}
             event = Failed(worker=self.wid, status=result.status_code, error=error)
-        self._events.append((r, event))
-        self._ended.append(t)
+        self._queue(r, event, end=t)
         metrics.finished(self.model, [result])
-        self._left()
+        metrics.ONLINE_IN_FLIGHT.labels(self.model).set(len(self.live))
 
     def cancelled(self) -> set[Any]:
-        """Ids in the engine that the API gave up: they leave it now, without events."""
-        self._flush()
-        if not self.live:
+        """Once a step, first thing: the last step's events go out; ids in the engine that
+        the API gave up leave it now, without events."""
+        self._send_queued()
+        if not self._cancels:
             return set()
-        gone = self._out.cancelled(list(self.live))
+        with self._lock:
+            gone, self._cancels = self._cancels, set()
+        gone &= self.live.keys()
         for key in gone:
-            self._ended.append(self.live.pop(key))
+            del self.live[key]
         if gone:
             metrics.ONLINE_CANCELLED.labels(self.model).inc(len(gone))
             metrics.released(self.model, len(gone))
-            self._left()
+            metrics.ONLINE_IN_FLIGHT.labels(self.model).set(len(self.live))
         return gone
 
     def fail_all(self, exc: BaseException) -> None:
@@ -216,33 +296,18 @@ class OnlineWork:
             "param": None,
             "code": "engine_error",
         }
-        for t in self.live.values():
-            self._events.append((t.request, Failed(worker=self.wid, status=500, error=error)))
-            self._ended.append(t)
+        for t in list(self.live.values()):
+            self._queue(t.request, Failed(worker=self.wid, status=500, error=error), end=t)
         metrics.released(self.model, len(self.live))
         self.live.clear()
-        self._left()
-        self._flush()
+        metrics.ONLINE_IN_FLIGHT.labels(self.model).set(0)
+        self._send_queued()
 
-    def _left(self) -> None:
-        metrics.ONLINE_IN_FLIGHT.labels(self.model).set(len(self.live))
-        with self._lock:
-            self._room.notify_all()
 
-    def _flush(self) -> None:
-        """Publish the queued events in one round trip; requests that ended leave the
-        worker's taken list after their last event."""
-        if self._events:
-            events, self._events = self._events, []
-            self._out.publish(events)
-        if self._ended:
-            ended, self._ended = self._ended, []
-            for t in ended:
-                self._out.finish(t)
-
-    def drain(self) -> None:
-        """Publish what the last step left (the engine is about to wait for input)."""
-        self._flush()
+def _choice(delta: dict[str, Any]) -> ChoiceDelta:
+    lp = delta["logprobs"]
+    logprobs = None if lp is None else DeltaLogprobs.model_construct(**lp)
+    return ChoiceDelta.model_construct(**{**delta, "logprobs": logprobs})
 
 
 def start_online(host: Host, settings: Settings) -> OnlineWork:
