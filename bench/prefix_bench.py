@@ -9,16 +9,24 @@
 (iii) engine_bench.py's mix with no shared prefixes: reuse on against off (the index's
       overhead), with the peak RSS after each.
 
-    .venv/bin/python bench/prefix_bench.py           # CPU, the engine benchmark's model
-    .venv/bin/python bench/prefix_bench.py --quick   # smoke run
-    .venv/bin/python bench/prefix_bench.py --gpu     # Qwen2.5-0.5B-shaped model, bf16 on CUDA
+`--overhead PAIRS` runs only (iii), as PAIRS interleaved pairs of runs in one process
+(on then off, then off then on, ...), and prints the mean time ratio with a 95 %
+bootstrap interval: the prefix cache is on by default, so its cost on files that share
+nothing must be told apart from this machine's noise, not read off one pair of runs.
+
+    .venv/bin/python bench/prefix_bench.py               # CPU, the engine benchmark's model
+    .venv/bin/python bench/prefix_bench.py --quick       # smoke run
+    .venv/bin/python bench/prefix_bench.py --overhead 20 # (iii) alone, 20 interleaved pairs
+    .venv/bin/python bench/prefix_bench.py --gpu         # Qwen2.5-0.5B-shaped model, bf16 on CUDA
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import resource
+import statistics
 import sys
 import tempfile
 import time
@@ -70,6 +78,28 @@ def lines(
     return out
 
 
+def overhead(on: Engine, off: Engine, mix: list[dict[str, Any]], pairs: int) -> None:
+    """(iii) alone: `pairs` interleaved pairs, the order alternating so that a drift of the
+    machine's speed over a pair falls on each side equally often."""
+    ratios = []
+    for i in range(pairs):
+        first, second = (on, off) if i % 2 == 0 else (off, on)
+        a, b = run(first, mix)[0], run(second, mix)[0]
+        t_on, t_off = (a, b) if first is on else (b, a)
+        ratios.append(t_on / t_off)
+        print(f"  pair {i + 1}: on {t_on:.2f}s, off {t_off:.2f}s, {t_on / t_off - 1:+.1%}")
+    logs = [math.log(r) for r in ratios]
+    mean = math.exp(statistics.fmean(logs)) - 1
+    boot = random.Random(0)
+    means = sorted(statistics.fmean(boot.choices(logs, k=len(logs))) for _ in range(10_000))
+    low, high = (math.exp(means[int(q * len(means))]) - 1 for q in (0.025, 0.975))
+    print(
+        f"(iii) reuse on vs off, no shared prefixes, {pairs} interleaved pairs: "
+        f"{mean:+.1%} time (95% interval {low:+.1%} to {high:+.1%}; median "
+        f"{statistics.median(ratios) - 1:+.1%}; target <= +3%)"
+    )
+
+
 def rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -81,6 +111,9 @@ def main() -> None:
     ap.add_argument("--lines", type=int, default=None, help="lines per scenario (default 256)")
     ap.add_argument("--rows", type=int, default=None, help="max_rows (default 64; GPU 256)")
     ap.add_argument("--repeat", type=int, default=None, help="rounds, best kept (CPU: 2)")
+    ap.add_argument(
+        "--overhead", type=int, default=0, metavar="PAIRS", help="only (iii), PAIRS interleaved"
+    )
     args = ap.parse_args()
 
     torch.set_grad_enabled(False)
@@ -137,6 +170,9 @@ def main() -> None:
     }
     run(on, lines([toks(40)], 4, vocab, eos, rng, 4))  # warm-up (kernel build, allocator)
     run(off, lines([toks(40)], 4, vocab, eos, rng, 4))
+    if args.overhead:
+        overhead(on, off, mix, args.overhead)
+        return
     # Rounds interleave the systems and each keeps its best time, so a shared machine's
     # noise slows every system alike.
     repeat = args.repeat or (1 if args.quick or args.gpu else 2)

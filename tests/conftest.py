@@ -100,7 +100,6 @@ def service_env(pg_url: str, redis_url: str, bw_home: Path) -> Iterator[dict[str
                     name: {
                         "path": str(bw_home / "models" / "demo"),
                         "max_rows": 16,
-                        "prefix_cache": True,
                     }
                     for name in ("demo", "demo-b")
                 }

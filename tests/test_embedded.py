@@ -136,3 +136,28 @@ def test_run_chat_file_with_a_schema(tmp_path: Path) -> None:
             assert choice["finish_reason"] == "stop"  # a few tokens of JSON, well within 40
             parsed.append(json.loads(choice["message"]["content"]))
     assert all(p["answer"] in ("yes", "no") and 0 <= p["score"] <= 9 for p in parsed)
+
+
+def test_run_reuses_a_shared_prefix_by_default(tmp_path: Path) -> None:
+    """No registry setting: lines that share a long prefix report it as cached tokens."""
+    head = "You are a careful assistant. Answer in one short sentence, plainly. " * 6
+    src = tmp_path / "shared.jsonl"
+    src.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "custom_id": f"q{i}",
+                    "method": "POST",
+                    "url": "/v1/completions",
+                    "body": {"model": "demo", "prompt": head + f"Item {i}:", "max_tokens": 2},
+                }
+            )
+            + "\n"
+            for i in range(6)
+        )
+    )
+    done = _run(src, tmp_path / "home")
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = [json.loads(x) for x in (tmp_path / "shared.output.jsonl").read_text().splitlines()]
+    cached = [o["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"] for o in out]
+    assert sum(1 for c in cached if c > 0) >= 5, cached

@@ -40,9 +40,9 @@ class ModelSpec(BaseModel):
     kv_block_size: int | None = Field(default=None, ge=1)
     # Shared-prefix reuse: full prompt blocks stay in the paged cache, indexed by their
     # tokens, and later prompts that start with them skip their prefill (engine/prefix.py).
-    # Off by default until its overhead on batches without shared prefixes is understood
-    # (measured slower on a loaded machine; see docs/prefix.md): turn it on per model.
-    prefix_cache: bool = False
+    # On by default, as in the serving engines users compare us with: on files that share
+    # nothing it costs within noise (docs/prefix.md, bench/prefix_bench.py --overhead).
+    prefix_cache: bool = True
     # CUDA graphs: steady decode steps (no prompt admitted) replay a graph recorded per
     # row and KV-length bucket, with the sampler compiled (engine/graphs.py). Off by
     # default until it has run on a GPU: its shape logic is only checked on CPU so far.
