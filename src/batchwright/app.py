@@ -10,6 +10,7 @@ from batchwright.api.body_guard import BodyGuard
 from batchwright.api.guards import RejectNulInURL
 from batchwright.batches.endpoints import router as batches_router
 from batchwright.dashboard import routes as dashboard
+from batchwright.dashboard.security import SecurityHeaders
 from batchwright.files.endpoints import router as files_router
 from batchwright.online import endpoint as online
 from batchwright.online.runtime import lifespan
@@ -21,7 +22,8 @@ def create_app() -> FastAPI:
     app = FastAPI(title="batchwright", version="0.1.0", lifespan=lifespan)
     errors.install(app)
     app.add_middleware(BodyGuard)
-    app.add_middleware(RejectNulInURL)  # added last: runs first
+    app.add_middleware(RejectNulInURL)
+    app.add_middleware(SecurityHeaders)  # added last: runs first, sees every answer
     app.include_router(health.router)
     metrics.install(app)
     app.include_router(files_router)

@@ -71,8 +71,18 @@ def serve(
     """Run the HTTP API (needs BATCHWRIGHT_DATABASE_URL and BATCHWRIGHT_BROKER_URL)."""
     import uvicorn
 
+    from batchwright.config import get_settings
+
     _check_registry()
-    uvicorn.run("batchwright.app:create_app", factory=True, host=host, port=port, workers=workers)
+    uvicorn.run(
+        "batchwright.app:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        proxy_headers=True,
+        forwarded_allow_ips=get_settings().forwarded_allow_ips,
+    )
 
 
 @app.command()

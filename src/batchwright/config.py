@@ -118,6 +118,11 @@ class Settings(BaseSettings):
     webhook_retry_base_seconds: float = 5.0
     webhook_retry_max_seconds: float = 3600.0
     webhook_retry_window_seconds: int = 72 * 3600
+    # Dashboard sign-ins last this long (a session, not the key, is kept in the cookie).
+    dashboard_session_seconds: int = 12 * 3600
+    # Proxies whose X-Forwarded-Proto/-For `serve` believes (comma-separated, "*" for any):
+    # behind a TLS-terminating proxy the dashboard's cookie is then marked Secure.
+    forwarded_allow_ips: str = "127.0.0.1"
 
     @property
     def embedded(self) -> bool:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import hashlib
 import secrets
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from batchwright.db.base import new_id, now
-from batchwright.db.models import APIKey, Project
+from batchwright.db.models import APIKey, DashboardSession, Project
 from batchwright.errors import NotFound, Unauthorized
 
 KEY_PREFIX = "sk-bw-"
@@ -52,6 +52,8 @@ def revoke_key(session: Session, key_id: str) -> APIKey:
         raise NotFound(f"No such API key: {key_id}")
     if key.revoked_at is None:
         key.revoked_at = now()
+    # Its dashboard sessions end with it (auth/sessions.py also checks the key on every page).
+    session.execute(delete(DashboardSession).where(DashboardSession.key_id == key.id))
     session.flush()
     return key
 

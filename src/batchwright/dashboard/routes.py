@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Form, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from sqlalchemy import or_, select
 
 from batchwright.api.deps import SessionDep, SettingsDep
-from batchwright.auth.service import authenticate
 from batchwright.batches import service as batches
 from batchwright.dashboard import auth, online, views
 from batchwright.db.base import now
 from batchwright.db.models import Batch, File
-from batchwright.db.session import get_sessionmaker
 from batchwright.errors import APIError, Unauthorized
 from batchwright.files import service as files
-from batchwright.files.storage import iter_chunks
+from batchwright.files.download import file_response
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")
@@ -55,23 +52,21 @@ def login_form(request: Request) -> HTMLResponse:
 
 
 @router.post("/login")
-def login(request: Request, session: SessionDep, key: Annotated[str, Form()] = "") -> Response:
+def login(
+    request: Request, session: SessionDep, settings: SettingsDep, key: Annotated[str, Form()] = ""
+) -> Response:
+    resp = RedirectResponse(f"{auth.PATH}/batches", status_code=303)
     try:
-        authenticate(session, f"Bearer {key.strip()}")
+        auth.sign_in(session, request, resp, key.strip(), settings)
     except Unauthorized as exc:
         return _page(request, "login.html", status=401, error=exc.message)
-    resp = RedirectResponse(f"{auth.PATH}/batches", status_code=303)
-    resp.set_cookie(
-        auth.COOKIE, key.strip(), path=auth.PATH, httponly=True, samesite="strict",
-        secure=request.url.scheme == "https",
-    )  # fmt: skip
     return resp
 
 
 @router.post("/logout")
-def logout() -> Response:
+def logout(request: Request, session: SessionDep) -> Response:
     resp = RedirectResponse(f"{auth.PATH}/login", status_code=303)
-    resp.delete_cookie(auth.COOKIE, path=auth.PATH)
+    auth.sign_out(session, request, resp)
     return resp
 
 
@@ -152,21 +147,7 @@ def download(file_id: str, request: Request, session: SessionDep) -> Response:
     project = auth.signed_in_project(request, session)
     if project is None:
         return _login()
-    file = files.get_file(session, project, file_id)
-
-    def body() -> Iterator[bytes]:
-        with get_sessionmaker()() as stream_session:
-            yield from iter_chunks(stream_session, file.id)
-
-    name = file.filename.replace('"', "") or f"{file.id}.jsonl"
-    return StreamingResponse(
-        body(),
-        media_type="application/jsonl",
-        headers={
-            "Content-Length": str(file.bytes),
-            "Content-Disposition": f'attachment; filename="{name}"',
-        },
-    )
+    return file_response(files.get_file(session, project, file_id), "application/jsonl")
 
 
 @router.get("/service")

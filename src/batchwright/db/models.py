@@ -54,6 +54,18 @@ class APIKey(Base):
     revoked_at: Mapped[int | None] = mapped_column(BigInteger)
 
 
+class DashboardSession(Base):
+    """A dashboard sign-in (auth/sessions.py): the cookie holds a random token, the row its
+    sha256. It acts for the key it was opened with, and ends with it."""
+
+    __tablename__ = "dashboard_sessions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the token
+    key_id: Mapped[str] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[int] = mapped_column(BigInteger, index=True)
+
+
 class File(Base):
     __tablename__ = "files"
     __table_args__ = (

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from batchwright.api.deps import ProjectDep, SessionDep, SettingsDep
-from batchwright.db.session import get_sessionmaker
 from batchwright.files import service
-from batchwright.files.storage import iter_chunks
+from batchwright.files.download import file_response
 from batchwright.files.upload import receive_upload
 from batchwright.protocol.batches import FileDeleted, FileObject, ListObject
 
@@ -71,18 +69,4 @@ def delete_file(file_id: str, session: SessionDep, project: ProjectDep) -> FileD
 
 @router.get("/{file_id}/content", response_class=StreamingResponse)
 def file_content(file_id: str, session: SessionDep, project: ProjectDep) -> StreamingResponse:
-    file = service.get_file(session, project, file_id)
-
-    def body() -> Iterator[bytes]:
-        # Its own session: the request's one is closed once the headers are out.
-        with get_sessionmaker()() as stream_session:
-            yield from iter_chunks(stream_session, file.id)
-
-    return StreamingResponse(
-        body(),
-        media_type="application/octet-stream",
-        headers={
-            "Content-Length": str(file.bytes),
-            "Content-Disposition": f'attachment; filename="{file.id}.jsonl"',
-        },
-    )
+    return file_response(service.get_file(session, project, file_id), "application/octet-stream")
