@@ -87,7 +87,9 @@ def serve(
 
 @app.command()
 def worker(
-    beat: Annotated[bool, typer.Option(help="Also run the periodic sweeper here.")] = False,
+    beat: Annotated[
+        bool, typer.Option(help="Also run the periodic sweeper (one per deployment).")
+    ] = False,
     loglevel: Annotated[str, typer.Option()] = "INFO",
     models: Annotated[
         str | None,
@@ -96,11 +98,27 @@ def worker(
     control_only: Annotated[
         bool, typer.Option(help="Only control work (validate, finalize, sweep); no torch.")
     ] = False,
+    control: Annotated[
+        bool,
+        typer.Option(
+            help="Run a control worker beside this one (--no-control: control work is "
+            "left to control-only workers)."
+        ),
+    ] = True,
+    supervised_by: Annotated[int | None, typer.Option(hidden=True)] = None,
 ) -> None:
-    """Run a Celery worker: one process, each of its models loaded once, solo pool."""
+    """Run a Celery worker: generation in this process (solo pool, each model loaded once),
+    control work (validate, finalize, sweep, webhooks) in a control worker it starts and
+    supervises beside it, so that control never waits for a generation slice."""
     from batchwright.config import get_settings
+    from batchwright.worker import supervisor
     from batchwright.worker.routing import worker_queues
 
+    if supervised_by is not None:
+        supervisor.bind_to_parent(supervised_by)
+    if control_only and not control:
+        Console(stderr=True).print("error: --control-only and --no-control exclude each other")
+        raise typer.Exit(2)
     if models is not None:
         os.environ["BATCHWRIGHT_WORKER_MODELS"] = models
     if control_only:
@@ -108,7 +126,7 @@ def worker(
     get_settings.cache_clear()
     _check_registry()
     try:
-        queues = worker_queues()
+        queues = worker_queues(control=control_only)
     except ValueError as exc:
         Console(stderr=True).print(f"error: {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
@@ -124,18 +142,31 @@ def worker(
         "--without-gossip",
         "--without-mingle",
     ]
-    if beat:
-        argv += ["-B", "-s", os.path.join(os.environ.get("TMPDIR", "/tmp"), "bw-beat-schedule")]
-    celery_app.worker_main(argv)
+    if supervised_by is not None:
+        argv += ["-n", "control@%h"]
+        supervisor.tag_logs(celery_app, "control")
+    schedule = os.path.join(os.environ.get("TMPDIR", "/tmp"), "bw-beat-schedule")
+    children = supervisor.companions(
+        control=control and not control_only, beat=beat, loglevel=loglevel, schedule=schedule
+    )
+    with supervisor.running(children):
+        celery_app.worker_main(argv)
 
 
 @app.command()
 def beat(
     loglevel: Annotated[str, typer.Option()] = "INFO",
     schedule: Annotated[str, typer.Option(help="Beat's schedule state file.")] = "",
+    supervised_by: Annotated[int | None, typer.Option(hidden=True)] = None,
 ) -> None:
     """Run the periodic sweeper alone (one per deployment)."""
     from batchwright.worker.celery_app import celery_app
+
+    if supervised_by is not None:
+        from batchwright.worker.supervisor import bind_to_parent, tag_logs
+
+        bind_to_parent(supervised_by)
+        tag_logs(celery_app, "sweeper")
 
     argv = ["beat", f"--loglevel={loglevel}"]
     if schedule:

@@ -53,8 +53,8 @@ class Settings(BaseSettings):
     max_batch_failures: int = 3
     # Sequences one line may run (prompts x best_of, or x n): a line above it is a 400.
     max_sequences_per_line: int = 256
-    # A process task gives the queue back after this long so control tasks
-    # (validate, finalize) never wait behind a long generation run.
+    # A process task gives the queue back after this long, so a worker's other models get
+    # their turn (control work runs beside it, in its control worker: worker/supervisor.py).
     work_slice_seconds: float = 60.0
     sweep_interval_seconds: float = 15.0
     # How often a worker looks for cancelled batches among the lines it holds.

@@ -28,6 +28,11 @@ def validate_batch(batch_id: str, registry: Registry | None = None) -> None:
 
     def run() -> None:
         with session_scope() as session:
+            # A repeat (the sweeper's re-send, a redelivery) of a batch that moved on: no
+            # wait for its row, which a result write of the batch may hold. A batch never
+            # goes back to validating, so the unlocked read is enough to skip.
+            if session.scalar(select(Batch.status).where(Batch.id == batch_id)) != "validating":
+                return
             batch = lifecycle.lock(session, batch_id)
             if batch is not None:
                 lifecycle.validate(session, batch, registry or load_registry(settings), settings)

@@ -1,8 +1,8 @@
 """Which queues a worker serves and how many workers to wake.
 
-Every worker serves the control queue (a control-only worker nothing else, and never
-imports torch) and the queue of each model it serves; dispatch.py says which message goes
-to which queue.
+Control-only workers serve the control queue (and never import torch): every `batchwright
+worker` starts one beside itself (worker/supervisor.py). A generation worker serves the
+queue of each model it serves; dispatch.py says which message goes to which queue.
 """
 
 from __future__ import annotations
@@ -41,9 +41,14 @@ def serves(model: str, settings: Settings | None = None) -> bool:
     return not settings.worker_control_only and (not wanted or model in wanted)
 
 
-def worker_queues(settings: Settings | None = None) -> list[str]:
+def worker_queues(settings: Settings | None = None, *, control: bool = True) -> list[str]:
+    """The queues a worker process consumes: its models' (none for a control-only one),
+    and the control queue if `control`. A generation worker leaves control work to a
+    control worker (its own companion, worker/supervisor.py, or one of its own): in its
+    solo pool a validate waited behind a whole generation slice."""
     settings = settings or get_settings()
-    return [control_queue(settings)] + [model_queue(m, settings) for m in served_models(settings)]
+    models = [model_queue(m, settings) for m in served_models(settings)]
+    return ([control_queue(settings)] if control else []) + models
 
 
 def wake(session: Session, model: str, *, idle_only: bool = False) -> int:

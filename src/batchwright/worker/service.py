@@ -25,7 +25,8 @@ def _start(**_: Any) -> None:
         from prometheus_client import start_http_server
 
         start_http_server(settings.worker_metrics_port)
-    _heartbeat = Heartbeat(served_models(settings), True, settings)
+    # Control work is a control-only worker's (a generation worker's companion, say).
+    _heartbeat = Heartbeat(served_models(settings), settings.worker_control_only, settings)
     _heartbeat.start()
     hosts.start(settings)
 
