@@ -45,6 +45,8 @@ class Settings(BaseSettings):
     # Worker claiming.
     lease_seconds: int = 120
     claim_batch_size: int = 64
+    # Failed runs of a line alone before it fails for good; a failed run it shared with
+    # other lines uses none (worker/budget.py).
     max_attempts: int = 3
     # Runs of a line lost to worker deaths, lost leases, database/broker errors or OOM: they
     # do not use its attempts; past this many (the last ones alone) the line fails for good.

@@ -167,6 +167,8 @@ class BatchRequest(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     # Runs lost to the infrastructure (worker death, lost lease, database, broker, OOM).
     infra_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Runs that failed with other lines in them: which one failed them is unknown.
+    shared_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     lease_token: Mapped[str | None] = mapped_column(String(40))
     lease_expires_at: Mapped[float | None] = mapped_column(Float)
     status_code: Mapped[int | None] = mapped_column(Integer)

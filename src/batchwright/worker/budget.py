@@ -4,7 +4,10 @@ A claim charges one attempt up front (a worker may die before it can say why). W
 run is lost to something that is not the line's doing (its worker died or lost the
 lease, the database or broker failed, the device ran out of memory) the attempt is
 refunded and `infra_failures` counts the loss instead, so innocent lines never use up
-their attempts on other people's faults. Both budgets end in a run alone: a line fails
+their attempts on other people's faults. A run that fails with several lines in it (the
+engine raised) cannot say which line failed it: the attempt is refunded too and
+`shared_failures` counts it. Past a threshold of either count a line runs alone, and a
+run alone that fails is the line's own: only those use up its attempts. A line so fails
 for good only after failing while it was the only line in its run.
 """
 
@@ -17,8 +20,8 @@ from sqlalchemy import ColumnElement, and_, bindparam, or_
 from batchwright.config import Settings
 from batchwright.db.models import BatchRequest
 
-# Own attempts before a line runs alone: a run that failed twice with this line in it may
-# have failed because of it, so it cannot use up the attempts of lines that shared it.
+# Failed runs shared with other lines before a line runs alone: a run that failed twice
+# with this line in it may have failed because of it.
 SOLO_AFTER = 2
 # Lost runs before a line runs alone: a line that keeps its worker dying is isolated the
 # same way. Higher, as an innocent line can be in flight when several workers die.
@@ -28,6 +31,11 @@ INFRA_SOLO_AFTER = 4
 LOST_RUN: dict[str, Any] = {
     "attempts": BatchRequest.attempts - 1,
     "infra_failures": BatchRequest.infra_failures + 1,
+}
+# After a failed run the line shared: refunded as well, and counted toward running alone.
+SHARED_RUN: dict[str, Any] = {
+    "attempts": BatchRequest.attempts - 1,
+    "shared_failures": BatchRequest.shared_failures + 1,
 }
 
 _INFRA_NAMES = frozenset(
@@ -62,6 +70,7 @@ BATCHED: ColumnElement[bool] = and_(
     # Lines that may share a run.
     BatchRequest.attempts < bindparam("attempt_cap"),
     BatchRequest.infra_failures < bindparam("infra_cap"),
+    BatchRequest.shared_failures < SOLO_AFTER,
 )
 SUSPECT: ColumnElement[bool] = and_(
     # Lines that run alone: under both budgets, past one of the solo thresholds.
@@ -70,6 +79,7 @@ SUSPECT: ColumnElement[bool] = and_(
     or_(
         BatchRequest.attempts >= SOLO_AFTER,
         BatchRequest.infra_failures >= INFRA_SOLO_AFTER,
+        BatchRequest.shared_failures >= SOLO_AFTER,
     ),
 )
 
@@ -94,7 +104,7 @@ def exhausted(settings: Settings) -> ColumnElement[bool]:
 def final_error(row: BatchRequest, reason: str, settings: Settings) -> dict[str, Any]:
     """The error a line out of budget ends with."""
     if row.attempts >= settings.max_attempts:
-        message = f"Failed after {row.attempts} attempts, the last ones alone."
+        message = f"Failed after {row.attempts} attempts, each with this line alone."
         code = "max_attempts_exceeded"
     else:
         message = (

@@ -69,6 +69,9 @@ class Lease:
         self._heartbeat: threading.Thread | None = None
         self.cancels = CancelWatch(self.token)
         self.cancelled = self.cancels.drain  # the engine's cancel hook
+        # A run of one line: its failure is that line's own (budget.py).
+        self.alone = False
+        self.claimed = 0
 
     def claim(self, limit: int, *, suspects: bool = False) -> list[Claimed]:
         with session_scope() as session:
@@ -82,6 +85,7 @@ class Lease:
                 .all()
             )
         # A batch's lines grouped by prefix (issue 14), in file order within a prefix.
+        self.claimed += len(returned)
         claimed = sorted(
             returned, key=lambda r: (r.batch_id, r.prefix_key is None, r.prefix_key, r.line_no)
         )
@@ -92,6 +96,7 @@ class Lease:
         suspect = self.claim(1, suspects=True)
         if suspect:
             self.more_work = True  # this run is the suspect's alone; a follow-up does the rest
+            self.alone = True
             yield from self._requests(suspect)
             return
         seen: set[str] = set()  # batches in progress when this lease last looked
@@ -182,7 +187,8 @@ class Lease:
 
     def release(self, reason: str | None, *, refund: bool = False, lost: bool = False) -> None:
         """Give the rows this lease still holds back to the queue (`lost`: the run was lost
-        to the infrastructure, counted apart from the lines' own attempts)."""
+        to the infrastructure; a failure of a run of several lines is not charged to them
+        either: both are counted apart from the lines' own attempts, budget.py)."""
         values: dict[str, object] = {
             "state": "queued",
             "lease_token": None,
@@ -191,6 +197,8 @@ class Lease:
         }
         if lost:
             values.update(budget.LOST_RUN)
+        elif reason is not None and not (self.alone or self.claimed == 1):
+            values.update(budget.SHARED_RUN)
         if reason is not None:
             values["error"] = orjson.dumps(
                 {"message": reason, "type": "server_error", "param": None, "code": "server_error"}
