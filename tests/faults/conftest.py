@@ -3,8 +3,8 @@ Celery queue, one API and one beat (sweeper every 2 s) for the folder, and worke
 started per test so a test can kill them without touching the suite's long-lived ones.
 
 The Redis database defaults to db 8 (BW_TEST_FAULT_REDIS): the Redis fault tests run
-FLUSHDB there, never FLUSHALL, so other users of this Redis keep their keys. Restarting
-Redis (test_redis_restarted) does disturb every client of the server for about a second.
+FLUSHDB there, never FLUSHALL, so other users of this Redis keep their keys. The test that
+restarts Redis (test_redis_restarted) restarts a Redis server of its own.
 """
 
 from __future__ import annotations
@@ -112,6 +112,27 @@ class Stack:
             ).fetchall()
         return sum(1 for (ok,) in rows if ok)
 
+    def clean(self) -> None:
+        """What a test leaves in the stack, gone, however it ended: its unfinished batches
+        cancelled with their lines (no worker may take them up in the next test), webhook
+        endpoints and their deliveries, heartbeats, and the messages in this stack's queues
+        (the package's sweeper fills them while no worker runs)."""
+        self.sql(
+            "UPDATE batch_requests SET state = 'cancelled', lease_token = NULL, "
+            "lease_expires_at = NULL WHERE state IN ('queued', 'running')"
+        )
+        self.sql(
+            "UPDATE batches SET status = 'cancelled', "
+            "cancelled_at = extract(epoch FROM now())::bigint "
+            "WHERE status NOT IN ('completed', 'failed', 'cancelled', 'expired')"
+        )
+        self.sql("DELETE FROM webhook_endpoints")  # and their deliveries (cascade)
+        self.sql("DELETE FROM worker_heartbeats")
+        r = self.redis()
+        # The stack's own queues only (others share this Redis database).
+        for key in r.scan_iter(match=f"{self.queue}*"):
+            r.delete(key)
+
     # --- redis ---------------------------------------------------------------------------
 
     def redis(self) -> Any:
@@ -169,12 +190,15 @@ def stack(bw_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
 @pytest.fixture
 def fault(stack: Stack) -> Iterator[Stack]:
     """The stack, with every process a test starts killed when it ends (the package's
-    API and beat stay); so no worker of one test takes work of the next."""
+    API and beat stay) and what the test left cleaned up (Stack.clean), whether it passed
+    or failed: one failure does not take the next tests down with it."""
     keep = len(stack.procs)
     yield stack
     for proc in stack.procs[keep:]:
+        proc.signal_group(signal.SIGKILL)  # its lease and control processes too
         proc.stop(signal.SIGKILL)
     del stack.procs[keep:]
+    stack.clean()
 
 
 @pytest.fixture
