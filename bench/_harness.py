@@ -59,6 +59,40 @@ def temp_database(**settings: str) -> Iterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@contextmanager
+def private_redis() -> Iterator[str]:
+    """A redis-server of the bench's own on a free loopback port; its URL."""
+    import socket
+    import subprocess
+    import time
+
+    import redis
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    workdir = tempfile.mkdtemp(prefix="bw-bench-redis-")
+    args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    proc = subprocess.Popen(
+        [*args, "--appendonly", "no", "--dir", workdir],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=5)
+        for _ in range(600):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def demo_home() -> Path:
     """BATCHWRIGHT_HOME with the demo model built (once per bench run)."""
     from batchwright.engine.demo import build_demo_model

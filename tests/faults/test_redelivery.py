@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.faults.checks import assert_batch_whole, attempts, infra_failures
+from tests.faults.checks import PATIENCE, assert_batch_whole, attempts, infra_failures
 from tests.faults.conftest import Stack
 from tests.faults.fakes import FakeEngine, provider
 from tests.faults.test_workers import _lines
@@ -36,7 +36,8 @@ def _twice(fn: Callable[[], Any]) -> list[Any]:
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
+        t.join(PATIENCE)
+        assert not t.is_alive(), f"{fn} still running after {PATIENCE} s"
     if errors:
         raise errors[0]
     return results
@@ -55,7 +56,21 @@ def test_tasks_run_twice_at_once(fault: Stack, in_process: Any) -> None:
     assert rows == len(requests)
     assert client.batches.retrieve(batch.id).status == "in_progress"
 
-    landed = _twice(lambda: runner.process("demo", engine_provider=provider(FakeEngine())))
+    both = threading.Barrier(2, timeout=PATIENCE)
+
+    class Overlapping(FakeEngine):
+        """Holds its run's first line until the other run holds one too: the two runs
+        overlap however long either takes to start (a lease process each), and neither
+        can take the whole batch first (a lease claims only as its engine takes lines)."""
+
+        def run(self, requests: Iterable[Any], cancelled: Any = None) -> Iterator[Any]:
+            lines = iter(requests)
+            first = next(lines)
+            both.wait()
+            yield from super().run([first])
+            yield from super().run(lines)
+
+    landed = _twice(lambda: runner.process("demo", engine_provider=provider(Overlapping())))
     assert sum(landed) == len(requests), landed
     assert min(landed) > 0, f"one thread did all the work: {landed}"
     assert attempts(fault, batch.id) == {1: len(requests)}
