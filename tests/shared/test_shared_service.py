@@ -84,7 +84,8 @@ def test_two_models_two_workers_two_projects(svc: Service, no_torch: str) -> Non
     gen = {
         model: svc.spawn(
             f"worker-{model}",
-            ["worker", "--models", model],
+            # Control work is the control-only worker's (as in the compose file).
+            ["worker", "--models", model, "--no-control"],
             BATCHWRIGHT_WORKER_METRICS_PORT=str(port),
         )
         for model, port in ports.items()

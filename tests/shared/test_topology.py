@@ -10,10 +10,12 @@ items 1 and 10).
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 
@@ -22,7 +24,7 @@ from tests.helpers import jsonl, line, read_jsonl, submit, wait_batch
 from tests.shared.conftest import Service
 
 # Bounds on waiting for what the design promises within seconds; reached only if it broke.
-PATIENCE = 60.0
+PATIENCE = 120.0
 LEASE_SECONDS = 6.0  # the stack's (tests/shared/conftest.py)
 SWEEP_SECONDS = 2.0
 
@@ -169,3 +171,49 @@ def test_frozen_workers_lines_come_back_while_the_other_is_busy(svc: Service) ->
     )
     assert dict(tries) == {1: 40}, tries
     assert busy.popen.poll() is None
+
+
+def _control_worker(proc: Proc) -> int | None:
+    """The pid of the worker's control worker, if it has one now."""
+    for task in Path(f"/proc/{proc.popen.pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            except FileNotFoundError:
+                continue
+            if b"--control-only" in cmdline:
+                return int(child)
+    return None
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie (dead, not yet reaped by its parent) counts as gone.
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+def test_control_worker_restarted_and_stopped_with_the_worker(svc: Service) -> None:
+    """The control worker a worker starts is started again when it dies, stops with the
+    worker's SIGTERM, and dies with a SIGKILLed worker."""
+    [worker] = svc.workers([])
+    first = svc.wait(lambda: _control_worker(worker), PATIENCE, "a control worker")
+    os.kill(first, signal.SIGKILL)
+    second = svc.wait(
+        lambda: (pid := _control_worker(worker)) != first and pid, PATIENCE, "a new one"
+    )
+    # The new one does the control work: a batch is validated and finalized.
+    client = svc.client(svc.key("restarts"))
+    batch = submit(client, _lines("r", 4))
+    assert wait_batch(client, batch.id, timeout=PATIENCE * 3).status == "completed"
+
+    assert worker.stop(signal.SIGTERM, timeout=PATIENCE) == 0
+    assert _gone(second)
+
+    [killed] = svc.workers([])
+    child = svc.wait(lambda: _control_worker(killed), PATIENCE, "its control worker")
+    killed.popen.kill()  # the worker alone, not its process group
+    killed.popen.wait()
+    svc.wait(lambda: _gone(child), PATIENCE, "the control worker's end")
