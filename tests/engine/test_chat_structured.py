@@ -71,7 +71,8 @@ def test_chat_line_is_its_rendered_prompt(run: Runner, engine: Engine) -> None:
     # Same rows, same tokens: the chat answer is the completion of the rendered prompt.
     assert choice["message"]["content"] == completion.completion["choices"][0]["text"]
     assert choice["finish_reason"] == completion.completion["choices"][0]["finish_reason"]
-    assert body["usage"] == completion.completion["usage"]
+    same = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert [body["usage"][k] for k in same] == [completion.completion["usage"][k] for k in same]
     assert body["usage"]["prompt_tokens"] == len(engine._tok(rendered).input_ids)
 
 
@@ -300,3 +301,16 @@ def test_online_chat_with_a_schema(run: Runner, engine: Engine) -> None:
     streamed = "".join(d["text"] for _, deltas in feed.deltas["streamed"] for d in deltas)
     assert streamed == results["streamed"].completion["choices"][0]["message"]["content"]  # type: ignore[index]
     assert all(results[i].status_code == 200 for i in range(4))
+
+
+def test_a_shared_system_prompt_is_prefilled_once(run: Runner) -> None:
+    # The template renders the system message first: chat lines that share it share a
+    # token prefix, and the prefix cache serves it (usage says so in cached_tokens).
+    system = {"role": "system", "content": "The quick brown fox jumps over the lazy dog. " * 12}
+    bodies = [
+        _chat(messages=[system, {"role": "user", "content": f"Question {i}?"}], max_tokens=3)
+        for i in range(12)
+    ]
+    results = run.many(bodies)
+    cached = [r.completion["usage"]["prompt_tokens_details"]["cached_tokens"] for r in results]  # type: ignore[index]
+    assert max(cached) >= 64, cached  # at least one full KV block of the system prompt
