@@ -3,12 +3,12 @@
 A choice's delta holds the text that is safe to show (never part of a stop sequence,
 never half a UTF-8 character: what may still become either is held back), the ids of
 the tokens it covers, their logprobs with `text_offset` continuing from what was sent,
-and, once, its finish_reason. The first delta of a choice carries its echo (the prompt
-text and, with logprobs, the prompt's scores) before the first generated text, as vLLM
-sends it; `token_ids` list generated tokens only (relay/messages.py's ChoiceDelta). The
-last delta is cut from the finished candidate exactly as result.py builds the
-Completion, so the deltas of a choice add up to the choice a non-streamed request gets
-(text, tokens and logprobs alike).
+and, once, its finish_reason. The first delta of a choice is its echo alone (the prompt
+text and, with logprobs, the prompt's scores: the choice's first chunk, as issue 23 asks),
+followed in the same step by the first generated text; `token_ids` list generated tokens
+only (relay/messages.py's ChoiceDelta). The last delta is cut from the finished
+candidate exactly as result.py builds the Completion, so the deltas of a choice add up to
+the choice a non-streamed request gets (text, tokens and logprobs alike).
 
 A token's ids and logprobs go out once the text before it was sent: its offset (the
 running length of the tokens decoded one at a time, as result.py counts `text_offset`)
@@ -41,8 +41,31 @@ class ChoiceStream:
         self.echoed = not job.req.echo
         self.done = False
 
+    def deltas(self) -> list[Delta]:
+        """What is new since the last call: the echo first, as a delta of its own (the
+        choice's first chunk holds the prompt alone), then the new text, if any."""
+        out = [] if self.echoed else [self._echo()]
+        new = self.delta()
+        return out if new is None else [*out, new]
+
+    def _echo(self) -> Delta:
+        job, seq, req = self.job, self.seq, self.job.req
+        self.echoed = True
+        lps = None
+        if req.logprobs is not None:
+            lps = LogprobsBuilder(self.e.token_text, self.e.token_piece, req.logprobs)
+            lps.add_prompt(job, seq.prompt_index)
+        return {
+            "index": self.index,
+            "text": job.echo_texts[seq.prompt_index],
+            "token_ids": [],
+            "logprobs": None if lps is None else lps.as_dict(),
+            "finish_reason": None,
+        }
+
     def delta(self) -> Delta | None:
-        """What is new since the last delta, or None."""
+        """What the generated text gained since the last delta, or None (the echo goes
+        first, from `deltas`)."""
         if self.done:
             return None
         seq = self.seq
@@ -78,14 +101,9 @@ class ChoiceStream:
         job, seq, req = self.job, self.seq, self.job.req
         ids = seq.out_ids[self.tokens : tokens]
         lps: LogprobsBuilder | None = None
-        echo = ""
         if req.logprobs is not None:
             lps = LogprobsBuilder(self.e.token_text, self.e.token_piece, req.logprobs)
-        if not self.echoed:
-            self.echoed = True
-            echo = job.echo_texts[seq.prompt_index]
-            if lps is not None:
-                lps.add_prompt(job, seq.prompt_index)
+        self.echoed = True
         base = len(job.echo_texts[seq.prompt_index]) if req.echo else 0
         if lps is not None:
             lps.pos = base + self.pos
@@ -99,7 +117,7 @@ class ChoiceStream:
         self.chars, self.tokens = len(text), tokens
         return {
             "index": self.index,
-            "text": echo + new,
+            "text": new,
             "token_ids": ids,
             "logprobs": None if lps is None else lps.as_dict(),
             "finish_reason": finish,
@@ -122,7 +140,7 @@ class JobStream:
         return job.req.candidates == job.req.n
 
     def deltas(self) -> list[Delta]:
-        out = [d for c in self.choices if (d := c.delta()) is not None]
+        out = [d for c in self.choices for d in c.deltas()]
         if out:
             self.finished = all(c.done for c in self.choices)
         return out

@@ -268,6 +268,10 @@ class OnlineWork:
             error = result.error or {"message": "generation failed", "type": "server_error"}
             event = Failed(worker=self.wid, status=result.status_code, error=error)
         self._queue(r, event, end=t)
+        if not self.live:
+            # No online request left to step for: no step may come to send this (a request
+            # that ends at admission, echo scoring with max_tokens 0, has no step at all).
+            self._send_queued()
         metrics.finished(self.model, [result])
         metrics.ONLINE_IN_FLIGHT.labels(self.model).set(len(self.live))
 
