@@ -122,6 +122,24 @@ def test_preempted_lines_give_the_results_they_would_have_had(
     assert {k for k in got if k[0] == "o"} == {("o", i) for i in range(4)}
 
 
+def test_preempted_lines_keep_their_usage_with_the_prefix_cache(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """Prompts over a block: a preempted line finds its own prompt blocks cached when it
+    comes back; its usage still reports what its first prefill found (none here)."""
+    story = " ".join(["once upon a time there was a river and a stone"] * 8)
+    lines = [
+        GenRequest(("b", i), _body(i, prompt=f"{i} {story}", max_tokens=30, temperature=0))
+        for i in range(8)
+    ]
+    alone = _run(make_engine(max_rows=4, prefix_cache=True), lines)
+    feed = Feed({3: [_online(0)], 8: [_online(1)], 14: [_online(2)]})
+    got = _run(make_engine(max_rows=4, prefix_cache=True), lines, feed)
+    assert feed.lines > 0
+    for key, result in alone.items():
+        assert _same(got[key]) == _same(result), key
+
+
 def test_online_request_starts_at_the_next_step(make_engine: Callable[..., Engine]) -> None:
     engine = make_engine(max_rows=4)
     feed = Feed({2: [_online(0)], 6: [_online(1)], 7: [_online(2)]})
