@@ -151,6 +151,17 @@ class Stack:
             time.sleep(0.2)
         raise TimeoutError("the service did not start (logs: see the bench's temp folder)")
 
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far of the API and of the worker (with its lease process)."""
+        import psutil
+
+        out = {}
+        for name, proc in zip(("api", "worker"), self.procs, strict=True):
+            p = psutil.Process(proc.pid)
+            ps = [p, *p.children(recursive=True)]
+            out[name] = sum(sum(x.cpu_times()[:2]) for x in ps if x.is_running())
+        return out
+
     def metric(self, name: str, labels: str = 'model="demo"') -> float:
         text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
         for line in text.splitlines():
@@ -306,6 +317,7 @@ class BatchRun:
     output: dict[str, Any] = field(default_factory=dict)
     duplicates: int = 0
     errors: int = 0
+    rows: list[float] = field(default_factory=list)  # the worker's lines in flight, sampled
 
 
 def run_batch(stack: Stack, data: bytes, started: threading.Event | None = None) -> BatchRun:
@@ -318,8 +330,11 @@ def run_batch(stack: Stack, data: bytes, started: threading.Event | None = None)
     )
     first = 0.0
     at_first = 0
+    rows: list[float] = []
     while True:
         b = client.batches.retrieve(batch.id)
+        if first:
+            rows.append(stack.metric("batchwright_worker_rows_in_flight"))
         counts = b.request_counts
         finished = (counts.completed + counts.failed) if counts else 0
         if finished and not first:
@@ -331,6 +346,7 @@ def run_batch(stack: Stack, data: bytes, started: threading.Event | None = None)
         time.sleep(0.2)
     end = time.perf_counter()
     run = BatchRun(lines=(counts.total if counts else 0) - at_first, seconds=end - first)
+    run.rows = rows
     run.tokens = b.usage.output_tokens if b.usage else 0
     if b.output_file_id:
         for line in client.files.content(b.output_file_id).text.splitlines():
@@ -387,7 +403,8 @@ def summarize_aiperf(out: Path) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch-lines", type=int, default=20000)
-    ap.add_argument("--batch-max-tokens", type=int, default=16)
+    # Lines long enough that the engine, not the claims and writes, bounds the batch.
+    ap.add_argument("--batch-max-tokens", type=int, default=64)
     ap.add_argument("--online-max-tokens", type=int, default=64)
     ap.add_argument("--max-rows", type=int, default=64)
     ap.add_argument("--aiperf", default="", help="AIPerf's `aiperf` executable (optional)")
@@ -415,13 +432,21 @@ def measure(stack: Stack, home: Path, args: argparse.Namespace) -> None:
     itl1 = statistics.mean(g for s in ones for g in s.gaps)
     print(f"  one stream: TTFT {ms(ttft1)}, inter-token {ms(itl1)} (median of 5)")
     bodies = [online_body(rng, mt) for _ in range(32)]
+    cpu0, mine0 = stack.cpu(), time.process_time()
     streams, wall = asyncio.run(concurrent(url, key, bodies))
+    cpu1, mine1 = stack.cpu(), time.process_time()
     served = sum(s.tokens for s in streams) / wall
     tokens, seconds = engine_alone(home, args.max_rows, bodies)
     alone = tokens / seconds
     print(
         f"  32 streams: endpoint {served:.0f} tok/s, engine alone {alone:.0f} tok/s: "
         f"{served / alone:.2f}x (target >= 0.8x)"
+    )
+    spent = {k: cpu1[k] - cpu0[k] for k in cpu0}
+    print(
+        f"    CPU seconds in those {wall:.2f} s: worker {spent['worker']:.2f}, API "
+        f"{spent['api']:.2f}, clients {mine1 - mine0:.2f}; the engine alone {seconds:.2f} s "
+        f"on {os.cpu_count()} cores"
     )
     idle = asyncio.run(closed_loop(url, key, 16, mt, None, 4))
     idle_ttft = [s.ttft for s in idle]
@@ -438,7 +463,8 @@ def measure(stack: Stack, home: Path, args: argparse.Namespace) -> None:
     print(
         f"  batch alone: {base.lines / base.seconds:.1f} lines/s, "
         f"{base.tokens / base.seconds:.0f} tok/s; mean engine step {ms(step)} "
-        f"({args.max_rows} rows)"
+        f"({args.max_rows} rows); lines in the worker {statistics.mean(base.rows or [0]):.0f} "
+        f"on average (rows and read-ahead)"
     )
     preempted0 = stack.metric("batchwright_worker_preemptions_total")
     started, stop = threading.Event(), threading.Event()

@@ -318,3 +318,26 @@ def test_half_a_character_waits_for_the_rest(make_engine: Callable[..., Engine])
     # " été" may become the stop sequence "été!" until "?" shows it does not.
     assert "".join(sent[4:-1]) == " " and sent[-1] == "été?"
     assert "".join(sent) == "añb été?"
+
+
+def test_the_tokenizers_stream_decoder_gives_the_incremental_text(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """Streamed deltas read the text through tokenizers' DecodeStream: at every token the
+    same text as IncrementalText over the engine's decode (random tokens: byte fragments,
+    invalid sequences, special tokens)."""
+    import random
+
+    from batchwright.engine.stop import IncrementalText, StreamText
+
+    engine = make_engine(max_rows=4)
+    stream = engine.text_stream()
+    assert isinstance(stream, StreamText)
+    rng = random.Random(0)
+    vocab = engine.lm.vocab_size
+    for _ in range(200):
+        ids = [rng.randrange(vocab) for _ in range(rng.randint(1, 40))]
+        fast, slow = engine.text_stream(), IncrementalText(engine.decode)
+        for i in range(1, len(ids) + 1):
+            assert fast.update(ids[:i]) == slow.update(ids[:i])
+            assert fast.text == slow.text

@@ -22,10 +22,20 @@ from batchwright.engine.types import GenRequest, GenResult
 from batchwright.registry import ModelSpec
 
 
+class GrowingText(Protocol):
+    """A row's generated text as tokens arrive (stop.py's IncrementalText, StreamText)."""
+
+    text: str
+
+    def update(self, ids: list[int]) -> str: ...
+
+
 class Text(Protocol):
     """Token ids as text (streaming.py)."""
 
     def decode(self, ids: list[int]) -> str: ...
+
+    def text_stream(self) -> GrowingText: ...
 
     def token_text(self, token: int) -> str: ...
 

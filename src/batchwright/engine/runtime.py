@@ -17,6 +17,7 @@ from batchwright.engine.loader import LoadedModel, load_model
 from batchwright.engine.paged import PagedCache, block_size_for, pool_blocks
 from batchwright.engine.result import build_result
 from batchwright.engine.scheduler import Scheduler
+from batchwright.engine.stop import IncrementalText, StreamText
 from batchwright.engine.token_keys import TokenKeys
 from batchwright.engine.types import GenRequest, GenResult
 from batchwright.protocol.endpoints import CHAT, endpoint_of
@@ -53,6 +54,17 @@ class Engine:
         return engine
 
     # --- text ----------------------------------------------------------------------------
+
+    def text_stream(self) -> IncrementalText | StreamText:
+        """A growing text for streamed deltas: the tokenizer's own incremental decoder
+        when it has one (a fast tokenizer), else IncrementalText over `decode`."""
+        backend = getattr(self._tok, "backend_tokenizer", None)
+        if backend is not None:
+            try:
+                return StreamText(backend)
+            except ImportError:  # tokenizers before DecodeStream (0.21)
+                pass
+        return IncrementalText(self.decode)
 
     def decode(self, ids: list[int]) -> str:
         return str(

@@ -23,7 +23,6 @@ from typing import Any
 from batchwright.engine.jobs import Job, Seq
 from batchwright.engine.parts import Text
 from batchwright.engine.result import LogprobsBuilder, choice_text, kept_tokens
-from batchwright.engine.stop import IncrementalText
 
 Delta = dict[str, Any]
 
@@ -33,7 +32,7 @@ class ChoiceStream:
 
     def __init__(self, engine: Text, job: Job, seq: Seq, index: int) -> None:
         self.e, self.job, self.seq, self.index = engine, job, seq, index
-        self.text = IncrementalText(engine.decode)
+        self.text = engine.text_stream()
         self.seen = 0  # generated tokens decoded into `text`
         self.chars = 0  # characters of generated text sent
         self.tokens = 0  # generated tokens sent (ids, logprobs)

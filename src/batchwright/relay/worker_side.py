@@ -140,16 +140,22 @@ class WorkerRelay:
         handed back meanwhile (this worker was taken for dead)."""
         return bool(self.redis.lrem(self.keys.taken(self.worker_id), 1, taken.raw))
 
-    def publish(self, events: Iterable[tuple[OnlineRequest, WorkerEvent]]) -> None:
+    def publish(self, events: Iterable[tuple[OnlineRequest, WorkerEvent | dict[str, Any]]]) -> None:
         """Append events to their requests' streams, all in one round trip (each event's
-        `attempt` is set to its request's)."""
+        `attempt` is set to its request's). An event may come as the JSON object of a
+        Delta (the engine's deltas, every step: no model built for them); the stream's
+        time to live is set by the other events, which start and end it."""
         pipe = self.redis.pipeline(transaction=False)
         count = 0
         for request, event in events:
             key = self.keys.events(request.id)
-            event.attempt = request.attempt
-            pipe.xadd(key, {FIELD: encode_event(event)})
-            pipe.expire(key, self.events_ttl_seconds)
+            if isinstance(event, dict):
+                event["attempt"] = request.attempt
+                pipe.xadd(key, {FIELD: orjson.dumps(event)})
+            else:
+                event.attempt = request.attempt
+                pipe.xadd(key, {FIELD: encode_event(event)})
+                pipe.expire(key, self.events_ttl_seconds)
             count += 1
         if count:
             pipe.execute()
