@@ -16,7 +16,13 @@ With --cuda (bench/gpu_check.sh) the step is compiled for the GPU, logits in bfl
 and the Triton kernels are counted instead: a reduction over the vocabulary counts its
 loops (one when persistent), a kernel over [B, vocab] elements counts one.
 
+Traffic: the bytes a step moves through [B, vocab] buffers, read off the same code: each
+kernel or extern op reads or writes each [B, vocab] buffer it names once (a kernel that
+loops over a row twice reads it from cache the second time on CPU, and in one online
+pass on CUDA). Inputs are the logits as on CUDA (bfloat16) and the float32 state.
+
     .venv/bin/python bench/sampler_passes.py [--rows 8] [--vocab 50021] [--show-code]
+    .venv/bin/python bench/sampler_passes.py --rows 256 --vocab 151936   # traffic target
     python bench/sampler_passes.py --cuda --rows 256 --vocab 151936
 """
 
@@ -39,6 +45,56 @@ _LOOP = re.compile(
 )
 _LOAD = re.compile(r"\b((?:in_out|in|out)_ptr\d+)\s*\+")
 _TRITON = re.compile(r"(triton_\w+) = async_compile\.triton\('\w+', '''(.*?)'''", re.S)
+
+
+@dataclass
+class Traffic:
+    """Bytes of [B, vocab] buffers each kernel or extern op of a step reads or writes."""
+
+    per_op: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(b for _, b in self.per_op)
+
+
+_CTYPE_BYTES = {"float": 4, "at::BFloat16": 2, "at::Half": 2, "int64_t": 8, "int32_t": 4, "bool": 1}
+_SIGNATURE = re.compile(r"(cpp_fused_\w+) = async_compile\.cpp_pybinding\(\[(.*?)\], r'", re.S)
+_PARAMS = re.compile(r"extern \"C\"\s+void\s+kernel\((.*?)\)", re.S)
+
+
+def traffic(code: str, rows: int, vocab: int, big: set[str]) -> Traffic:
+    """What one call of inductor's (CPU backend) `code` for the step moves through its
+    [B, vocab] buffers `big`: per kernel, the buffers its loops over the vocabulary
+    touch; per extern op (topk), its [B, vocab] operand."""
+    kernels = dict(_KERNEL.findall(code))
+    types = {
+        name: [s.strip(" '").removeprefix("const ").rstrip("*") for s in sig.split(",")]
+        for name, sig in _SIGNATURE.findall(code)
+    }
+    call = code[code.index("def call(") :]
+    calls = [
+        (m.group(1), [a.strip() for a in m.group(2).split(",")])
+        for m in re.finditer(r"^\s+(cpp_fused_\w+)\((.*)\)$", call, re.M)
+    ]
+    width: dict[str, int] = {}  # element bytes of each buffer, from the kernels' signatures
+    for name, args in calls:
+        for a, ctype in zip(args, types[name], strict=False):
+            width.setdefault(a, _CTYPE_BYTES.get(ctype, 4))
+    out = Traffic()
+    for name, args in calls:
+        head = _PARAMS.search(kernels[name])
+        params = re.findall(r"(\w+_ptr\d+)", head.group(1)) if head is not None else []
+        swept: set[str] = set()
+        for _, ptrs in _loops(kernels[name], rows, vocab):
+            swept |= ptrs
+        named = {a for p, a in zip(params, args, strict=False) if p in swept and a in big}
+        if named:
+            out.per_op.append((name, sum(rows * vocab * width.get(a, 4) for a in named)))
+    for m in re.finditer(r"aten\.(topk|sort)\.default\((\w+)", call):
+        if m.group(2) in big:
+            out.per_op.append((f"aten.{m.group(1)}", rows * vocab * width.get(m.group(2), 4)))
+    return out
 
 
 @dataclass
@@ -84,12 +140,16 @@ def _triton_passes(src: str, rows: int, vocab: int) -> list[str]:
     return []
 
 
-def inputs(rows: int, vocab: int, device: str = "cpu") -> list[torch.Tensor]:
-    """`sample_step`'s tensor arguments for a batch of sampled rows (seeded)."""
+def inputs(
+    rows: int, vocab: int, device: str = "cpu", logits_dtype: torch.dtype | None = None
+) -> list[torch.Tensor]:
+    """`sample_step`'s tensor arguments for a batch of sampled rows (seeded); logits in
+    float32 on CPU and bfloat16 on CUDA unless `logits_dtype` says."""
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(rows, vocab, generator=gen) * 4
+    dtype = logits_dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
     tensors = [
-        logits if device == "cpu" else logits.bfloat16(),  # logits
+        logits.to(dtype),  # logits
         torch.zeros(rows, vocab),  # offset
         torch.zeros(rows, vocab),  # counts
         torch.full((rows,), 1 / 0.7),  # inv_t
@@ -103,12 +163,20 @@ def inputs(rows: int, vocab: int, device: str = "cpu") -> list[torch.Tensor]:
     return [t.to(device) for t in tensors]
 
 
+LAST: dict[str, Traffic] = {}
+
+
 def count(
-    rows: int, vocab: int, k_top: int = 5, device: str = "cpu"
+    rows: int,
+    vocab: int,
+    k_top: int = 5,
+    device: str = "cpu",
+    logits_dtype: torch.dtype | None = None,
 ) -> tuple[list[Sweep], str, torch.Tensor]:
-    """The passes of the compiled step, inductor's code, and the step's packed result."""
+    """The passes of the compiled step, inductor's code, and the step's packed result
+    (the step's traffic lands in LAST["traffic"])."""
     tables = make_tables(vocab, rows, torch.device(device))
-    args = inputs(rows, vocab, device)
+    args = inputs(rows, vocab, device, logits_dtype)
     torch._dynamo.reset()
     with inductor_config.patch({"cpp.fallback_scatter_reduce_sum": False}):
         fn: Callable[..., torch.Tensor] = torch.compile(sample_step, fullgraph=True)
@@ -121,6 +189,8 @@ def count(
     shape = rf"\({rows}, {vocab}\)"
     big = set(re.findall(rf"(buf\d+) = empty_strided_\w+\({shape}", call))
     big |= set(re.findall(rf"assert_size_stride\((arg\d+_1), {shape}", call))
+    if not triton:
+        LAST["traffic"] = traffic(code, rows, vocab, big)
     sweeps: list[Sweep] = []
     for line in call.splitlines():
         line = line.strip()
@@ -155,9 +225,16 @@ def main() -> None:
     ap.add_argument("--cuda", action="store_true", help="compile for CUDA and count Triton's")
     a = ap.parse_args()
     device = "cuda" if a.cuda else "cpu"
-    sweeps, code, _ = count(a.rows, a.vocab, device=device)
+    sweeps, code, _ = count(a.rows, a.vocab, device=device, logits_dtype=torch.bfloat16)
     if a.show_code:
         print(code)
+    moved = LAST["traffic"]
+    print(
+        f"traffic through [B, vocab] buffers per step: {moved.total / 1e9:.2f} GB "
+        f"({len(moved.per_op)} kernels and ops; logits bfloat16, state float32)"
+    )
+    for op, b in moved.per_op:
+        print(f"    {b / 1e6:9.1f} MB  {op[:70]}")
     if a.cuda:
         print(f"compiled sample_step, B = {a.rows}, vocab = {a.vocab} (inductor, CUDA, measured)")
         for i, s in enumerate(sweeps, 1):

@@ -1,17 +1,30 @@
-"""Per-step host cost of the engine's decode loop: host syncs, aten ops and Python calls.
+"""Per-step host cost of the engine's decode loop: host syncs, aten ops, Python calls and
+the kernels it launches.
 
 Runs the engine on a Qwen2.5-0.5B-shaped model (24 layers, 14 query / 2 key-value heads)
-with a small hidden size, and profiles single steady-state decode steps (no admission in
-the step) at B = 64 and 256 rows, for a greedy and a mixed parameter set.
+with a small hidden size, in bfloat16 as on a GPU (`--dtype float32`: the CPU's dtype,
+where casts are free), and profiles single steady-state decode steps (no admission in
+the step) at B = 64 and 256 rows, for a greedy and a mixed parameter set. What counts as
+a sync, an op and a launch: bench/_step_counts.py.
 
 Without a GPU the CUDA code path is forced on CPU: the attention backend the engine picks
-on CUDA runs, with its one variable-length attention call per layer counted as one op
-(its CPU stand-in is not counted). Host syncs are counted by instrumenting what would
-sync on CUDA: scalar reads (`item`, `int(t)`, `tolist`), tensors built from Python lists
-(a pageable host-to-device copy), and data-dependent shapes (`nonzero`, boolean masks).
-On CUDA `torch.cuda.set_sync_debug_mode` counts them for real.
+on CUDA runs, its one variable-length attention call per layer counted as the op it is
+there (its CPU stand-in is not counted). Ops, syncs and Python calls are the eager
+engine's (nothing compiled).
 
-    .venv/bin/python bench/step_profile.py [--rows 64 256] [--vocab 32768] [--cuda]
+`--cuda-launches` counts the kernels a steady step would launch on CUDA, twice: the
+engine as it runs on CUDA without graphs (forward and sampler compiled by torch.compile
+-- on CPU inductor's CPU backend compiles them, and its kernels are counted one for one
+with the Triton kernels CUDA would get -- the rest eager, one kernel per op, several for
+topk and sorting scatters), and with CUDA graphs (the kernels the host still launches
+around a replay, the replay one). The compiles take minutes on a small CPU.
+
+With `--cuda` (bench/gpu_check.sh) it runs on the GPU for real: syncs counted by
+`torch.cuda.set_sync_debug_mode`, kernels by torch.profiler.
+
+    .venv/bin/python bench/step_profile.py [--rows 64 256] [--dtype float32] [--top 20]
+    .venv/bin/python bench/step_profile.py --cuda-launches
+    python bench/step_profile.py --cuda [--graphs]
 """
 
 from __future__ import annotations
@@ -22,115 +35,21 @@ import random
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from _step_counts import PROF, Counts, counting_compiled, launches_of, profiled
 
-from batchwright.engine import backends
+from batchwright.engine import backends, graphs
 from batchwright.engine import scheduler as sched_mod
 from batchwright.engine.demo import EOS_TOKEN, build_tokenizer
 from batchwright.engine.runtime import Engine
 from batchwright.engine.sampler import Sampler
 from batchwright.engine.types import GenRequest
 from batchwright.registry import ModelSpec
-
-# Ops whose output shape depends on data, or that read a value back: each is a sync on CUDA.
-_SYNC_OPS = {
-    "aten::_local_scalar_dense",
-    "aten::nonzero",
-    "aten::masked_select",
-    "aten::_unique2",
-    "aten::unique_consecutive",
-    "aten::unique_dim",
-    "aten::repeat_interleave",
-}
-
-
-class Counts:
-    def __init__(self) -> None:
-        self.ops: Counter[str] = Counter()
-        self.sampling = 0  # of the ops, those of the sampler's step
-        self.views = 0
-        self.syncs: Counter[str] = Counter()
-        self.calls = 0
-        self.host_calls = 0  # Python calls recording tokens on the host (per row)
-        self.paused = 0
-
-    @property
-    def total_ops(self) -> int:
-        return sum(self.ops.values())
-
-
-class _OpCounter(TorchDispatchMode):
-    def __init__(self, counts: Counts) -> None:
-        super().__init__()
-        self.c = counts
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if not self.c.paused:
-            name = func._schema.name
-            if func.is_view:
-                self.c.views += 1
-            else:
-                self.c.ops[name] += 1
-            if name in _SYNC_OPS:
-                self.c.syncs[name] += 1
-            if name in ("aten::index", "aten::index_put_", "aten::index_put") and any(
-                isinstance(t, torch.Tensor) and t.dtype == torch.bool
-                for t in (args[1] if len(args) > 1 and isinstance(args[1], list | tuple) else [])
-            ):
-                self.c.syncs["bool-mask index"] += 1
-        return func(*args, **(kwargs or {}))
-
-
-@contextmanager
-def _host_sync_hooks(counts: Counts) -> Iterator[None]:
-    """Count the host-side calls that sync on CUDA and do not reach the dispatcher on CPU."""
-    orig_tolist = torch.Tensor.tolist
-    orig_tensor = torch.tensor
-
-    def tolist(self: torch.Tensor) -> Any:
-        if not counts.paused:
-            counts.syncs["tolist"] += 1
-        return orig_tolist(self)
-
-    def tensor(data: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-        # The engine's host-to-device helper passes pin_memory (pinned and non-blocking
-        # on CUDA, no sync); any other tensor built from a list is a pageable copy.
-        if not counts.paused and not isinstance(data, torch.Tensor) and "pin_memory" not in kwargs:
-            counts.syncs["tensor(list)"] += 1
-        return orig_tensor(data, *args, **kwargs)
-
-    torch.Tensor.tolist = tolist  # type: ignore[method-assign]
-    torch.tensor = tensor  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        torch.Tensor.tolist = orig_tolist  # type: ignore[method-assign]
-        torch.tensor = orig_tensor
-
-
-_PROF: list[Any] = [None]
-
-
-@contextmanager
-def profiled(counts: Counts) -> Iterator[None]:
-    def prof(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and not counts.paused:
-            counts.calls += 1
-
-    with _host_sync_hooks(counts), _OpCounter(counts):
-        _PROF[0] = prof
-        sys.setprofile(prof)
-        try:
-            yield
-        finally:
-            sys.setprofile(None)
-            _PROF[0] = None
 
 
 def build_model(path: Path, hidden: int, vocab: int) -> Path:
@@ -184,35 +103,89 @@ def bodies(rows: int, mix: str, eos: int, vocab: int) -> list[dict[str, Any]]:
     return out
 
 
-def force_cuda_path(engine: Engine, counts_of: Callable[[], Counts | None]) -> None:
+_ACTIVE: list[Counts] = []
+
+
+def _stand_in(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """varlen_attn's semantics on CPU: an opaque op, as torch's own (compiled, inductor
+    keeps it whole and the generated code names it); eager, counted as the one op it is
+    on CUDA, its CPU internals not."""
+    if torch.compiler.is_compiling():
+        return backends.varlen_reference_op(*args, **kwargs)
+    c = _ACTIVE[0] if _ACTIVE else None
+    if c is None:
+        return backends.varlen_reference(*args, **kwargs)
+    if not c.paused:
+        c.ops["torch_attn::_varlen_attn"] += 1
+        c.launches["torch_attn::_varlen_attn"] += launches_of("torch_attn::_varlen_attn", (), {})
+    c.paused += 1
+    try:
+        return backends.varlen_reference(*args, **kwargs)
+    finally:
+        c.paused -= 1
+
+
+def force_cuda_path(engine: Engine) -> None:
     """Make a CPU engine take the code path it takes on CUDA: the varlen backend, with
-    varlen_attn's semantics computed on CPU and counted as the one op it is there."""
-
-    def stand_in(*args: Any, **kwargs: Any) -> torch.Tensor:
-        c = counts_of()
-        if c is not None:
-            c.ops["torch_attn::_varlen_attn"] += 1
-            c.paused += 1
-        try:
-            return backends.varlen_reference(*args, **kwargs)
-        finally:
-            if c is not None:
-                c.paused -= 1
-
+    varlen_attn's semantics computed on CPU by an op that counts as the one it is there."""
     engine.attention_backend = "varlen"
-    backends.VARLEN_IMPL = stand_in
+    backends.VARLEN_IMPL = _stand_in
     # On CUDA every batch runs the one fixed sampling graph (the shortcuts are CPU's).
     sched_mod.Sampler = functools.partial(Sampler, shortcut=False)  # type: ignore[misc]
-
-
-_ACTIVE: list[Counts] = []
 
 
 class _Profiled(Exception):
     pass
 
 
-def profile_step(engine: Engine, reqs: list[dict[str, Any]], warm: int) -> Counts:
+@contextmanager
+def _replays_counted() -> Iterator[None]:
+    """On CPU a graph's replay runs its step again (graphs.EagerCapture): count it as
+    the one launch a replay is, and none of what it runs."""
+    orig = graphs.EagerCapture.first
+
+    def first(self: Any, body: Any) -> Any:
+        out, _ = orig(self, body)
+
+        def replay() -> torch.Tensor:
+            c = _ACTIVE[0] if _ACTIVE else None
+            if c is None:
+                return body()
+            c.launches["graph replay"] += 1
+            c.paused += 1
+            try:
+                return body()
+            finally:
+                c.paused -= 1
+
+        return out, replay
+
+    graphs.EagerCapture.first = first  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        graphs.EagerCapture.first = orig  # type: ignore[method-assign]
+
+
+@contextmanager
+def _cuda_profiled(counts: Counts) -> Iterator[None]:
+    """On a GPU: syncs as CUDA reports them, kernels as the profiler records them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        yield
+        torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("default")
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            counts.launches["cuda kernel" if "emcpy" not in e.name else "memcpy"] += 1
+
+
+def profile_step(
+    engine: Engine, reqs: list[dict[str, Any]], warm: int, graphs_on: bool = False
+) -> Counts:
     """Counts of one decode step with no admission, `warm` such steps after the last
     admission. Python calls made while the host records each row's token (`_push`:
     detokenising, stop matching, results; per row by nature) are counted apart."""
@@ -220,7 +193,16 @@ def profile_step(engine: Engine, reqs: list[dict[str, Any]], warm: int) -> Count
     cls = sched_mod.Scheduler
     orig = cls._step
     orig_push = cls._push
+    orig_init = cls.__init__
     seen = {"decode": 0, "done": False}
+    cuda = engine.lm.device.type == "cuda"
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        engine.spec.cuda_graphs = graphs_on
+        try:
+            orig_init(self, *args, **kwargs)
+        finally:
+            engine.spec.cuda_graphs = None
 
     def push(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not _ACTIVE:
@@ -243,7 +225,7 @@ def profile_step(engine: Engine, reqs: list[dict[str, Any]], warm: int) -> Count
             c.host_calls += calls["n"]
             c.calls = before
             c.paused -= 1
-            sys.setprofile(_PROF[0])
+            sys.setprofile(PROF[0])
 
     def step(self: Any, units: Any, *args: Any, **kwargs: Any) -> Any:
         if units or seen["done"]:
@@ -255,7 +237,7 @@ def profile_step(engine: Engine, reqs: list[dict[str, Any]], warm: int) -> Count
         seen["done"] = True
         _ACTIVE.append(counts)
         try:
-            with profiled(counts):
+            with _cuda_profiled(counts) if cuda else profiled(counts):
                 orig(self, units, *args, **kwargs)
         finally:
             _ACTIVE.clear()
@@ -271,19 +253,44 @@ def profile_step(engine: Engine, reqs: list[dict[str, Any]], warm: int) -> Count
             if _ACTIVE:
                 _ACTIVE[0].sampling += _ACTIVE[0].total_ops - before
 
+    cls.__init__ = init  # type: ignore[method-assign]
     cls._step = step  # type: ignore[method-assign]
     cls._push = push  # type: ignore[method-assign]
     Sampler.step = sample  # type: ignore[method-assign]
     try:
-        for _ in engine.run([GenRequest(i, b) for i, b in enumerate(reqs)]):
-            pass
+        with ExitStack() as stack:
+            if not cuda:
+                stack.enter_context(counting_compiled(_ACTIVE))
+                stack.enter_context(_replays_counted())
+            for _ in engine.run([GenRequest(i, b) for i, b in enumerate(reqs)]):
+                pass
     except _Profiled:
         pass
     finally:
+        cls.__init__ = orig_init  # type: ignore[method-assign]
         cls._step = orig  # type: ignore[method-assign]
         cls._push = orig_push  # type: ignore[method-assign]
         Sampler.step = orig_sample  # type: ignore[method-assign]
     return counts
+
+
+def _engine(path: Path, rows: int, args: argparse.Namespace, compiled: bool) -> Engine:
+    spec = ModelSpec(
+        name="p",
+        path=path,
+        device="cuda" if args.cuda else "cpu",
+        dtype=args.dtype,
+        max_rows=rows,
+        max_batch_tokens=1 << 16,
+        native_attention=False,
+        # On CUDA the engine's defaults; on CPU what they are on CUDA (given only when on:
+        # older engines lack the setting, and the ops profile compares with them).
+        **({"torch_compile": True} if compiled and not args.cuda else {}),
+    )
+    engine = Engine.load(spec)
+    if not args.cuda:
+        force_cuda_path(engine)
+    return engine
 
 
 def main() -> None:
@@ -291,11 +298,15 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--hidden", type=int, default=112, help="hidden size (14 heads of 8)")
     ap.add_argument("--vocab", type=int, default=32768)
-    ap.add_argument("--cuda", action="store_true", help="run on CUDA (bf16) for real")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--cuda", action="store_true", help="run on CUDA for real")
     ap.add_argument(
-        "--graphs",
+        "--graphs", action="store_true", help="with --cuda: decode steps replay CUDA graphs"
+    )
+    ap.add_argument(
+        "--cuda-launches",
         action="store_true",
-        help="with --cuda: decode steps replay CUDA graphs (a replay launches no aten op)",
+        help="CPU: count the kernels a step would launch on CUDA, eager and with graphs",
     )
     ap.add_argument("--warm", type=int, default=4, help="decode steps before the profiled one")
     ap.add_argument("--top", type=int, default=0, help="print the N most frequent ops")
@@ -303,34 +314,23 @@ def main() -> None:
     torch.set_grad_enabled(False)
     path = build_model(Path(tempfile.mkdtemp(prefix="bw-prof-")) / "qwen", args.hidden, args.vocab)
     layers = 24
+    where = "CUDA" if args.cuda else "CPU, CUDA path forced"
     print(
         f"model: Qwen2.5-0.5B shape, hidden {args.hidden}, {layers} layers, heads 14/2, "
-        f"vocab {args.vocab}; {'CUDA' if args.cuda else 'CPU, CUDA path forced'}"
+        f"vocab {args.vocab}, {args.dtype}; {where}"
     )
+    if args.cuda_launches or args.cuda:
+        _launches(path, args, layers)
+        return
     print(
         "rows  mix    syncs  ops(non-view)  sampling  rest/layer  views  python calls  "
         "(+ host per-row)  sync detail"
     )
     for rows in args.rows:
-        spec = ModelSpec(
-            name="p",
-            path=path,
-            device="cuda" if args.cuda else "cpu",
-            max_rows=rows,
-            max_batch_tokens=1 << 16,
-            native_attention=False,
-            cuda_graphs=args.cuda and args.graphs,
-        )
-        engine = Engine.load(spec)
-        if not args.cuda:
-            force_cuda_path(engine, lambda: _ACTIVE[0] if _ACTIVE else None)
+        engine = _engine(path, rows, args, compiled=False)
         eos = min(engine.lm.eos_ids)
         for mix in ("greedy", "mixed"):
-            if args.cuda:
-                torch.cuda.set_sync_debug_mode("warn")
             c = profile_step(engine, bodies(rows, mix, eos, args.vocab), args.warm)
-            if args.cuda:
-                torch.cuda.set_sync_debug_mode("default")
             syncs = sum(c.syncs.values())
             detail = ", ".join(f"{k} {v}" for k, v in sorted(c.syncs.items()))
             print(
@@ -341,6 +341,24 @@ def main() -> None:
             )
             if args.top:
                 print("   ", ", ".join(f"{k} {v}" for k, v in c.ops.most_common(args.top)))
+
+
+def _launches(path: Path, args: argparse.Namespace, layers: int) -> None:
+    """Kernels per steady step: the engine as on CUDA (compiled), without and with graphs."""
+    print("rows  mix    graphs  launches  per layer  syncs  detail")
+    modes = [args.graphs] if args.cuda else [False, True]
+    for rows in args.rows:
+        engine = _engine(path, rows, args, compiled=True)
+        eos = min(engine.lm.eos_ids)
+        for mix in ("greedy", "mixed"):
+            for graphs_on in modes:
+                c = profile_step(engine, bodies(rows, mix, eos, args.vocab), args.warm, graphs_on)
+                top = ", ".join(f"{k} {v}" for k, v in c.launches.most_common(args.top or 6))
+                print(
+                    f"{rows:4d}  {mix:6s} {'on' if graphs_on else 'off':6s}  "
+                    f"{c.total_launches:8d}  {c.total_launches / layers:9.1f}  "
+                    f"{sum(c.syncs.values()):5d}  {top}"
+                )
 
 
 if __name__ == "__main__":

@@ -44,9 +44,13 @@ class ModelSpec(BaseModel):
     # nothing it costs within noise (docs/prefix.md, bench/prefix_bench.py --overhead).
     prefix_cache: bool = True
     # CUDA graphs: steady decode steps (no prompt admitted) replay a graph recorded per
-    # row and KV-length bucket, with the sampler compiled (engine/graphs.py). Off by
-    # default until it has run on a GPU: its shape logic is only checked on CPU so far.
-    cuda_graphs: bool = False
+    # row and KV-length bucket (engine/graphs.py). Default (None): on CUDA with the varlen
+    # attention, off elsewhere. A capture that fails logs one line and the run goes on
+    # eagerly.
+    cuda_graphs: bool | None = None
+    # torch.compile the forward and the sampler (engine/compiled.py). Default (None): on
+    # CUDA with the varlen attention, off elsewhere (the first run on a CPU starts fast).
+    torch_compile: bool | None = None
     # Tokens of cached prefixes kept once no running row uses them (LRU beyond that; they
     # also give way to new rows when the KV budget runs out). Default: on CUDA the whole
     # pool (allocated anyway), elsewhere 8192 (memory a CPU worker keeps resident).

@@ -27,10 +27,15 @@ def make_engine(demo_path: Path) -> Callable[..., Engine]:
         spec.setdefault("max_rows", 8)
         spec.setdefault("max_batch_tokens", 256)
         # bench/gpu_check.sh runs these tests on a device (BATCHWRIGHT_TEST_DEVICE=cuda,
-        # BATCHWRIGHT_TEST_DTYPE=bfloat16, BATCHWRIGHT_TEST_CUDA_GRAPHS=1); default: CPU.
+        # BATCHWRIGHT_TEST_DTYPE=bfloat16, BATCHWRIGHT_TEST_CUDA_GRAPHS and _COMPILE=0/1);
+        # default: CPU.
         spec.setdefault("device", os.environ.get("BATCHWRIGHT_TEST_DEVICE", "cpu"))
         spec.setdefault("dtype", os.environ.get("BATCHWRIGHT_TEST_DTYPE", "auto"))
         spec.setdefault("cuda_graphs", os.environ.get("BATCHWRIGHT_TEST_CUDA_GRAPHS") == "1")
+        # BATCHWRIGHT_TEST_COMPILE=1/0: torch.compile on or off (unset: the device's default).
+        compiled = os.environ.get("BATCHWRIGHT_TEST_COMPILE")
+        if compiled in ("0", "1"):
+            spec.setdefault("torch_compile", compiled == "1")
         return Engine.load(
             ModelSpec(name=spec.pop("name", "test"), path=spec.pop("path", demo_path), **spec)
         )

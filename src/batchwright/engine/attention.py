@@ -59,6 +59,10 @@ class Step:
 
 
 _PLAN: ContextVar[Step | None] = ContextVar("batchwright_attention_plan", default=None)
+# The model's forward hands its keyword arguments down to the attention: a compiled
+# forward (compiled.py) passes the plan this way, since torch.compile cannot read a
+# ContextVar.
+PLAN_KWARG = "batchwright_plan"
 
 
 @contextmanager
@@ -122,7 +126,9 @@ def attention(
     scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    plan = _PLAN.get()
+    plan: Step | None = kwargs.pop(PLAN_KWARG, None)
+    if plan is None:
+        plan = _PLAN.get()
     if plan is None:
         out: tuple[torch.Tensor, None] = sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs

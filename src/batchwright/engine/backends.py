@@ -6,6 +6,7 @@ of tokens to a pool block.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,24 @@ def _varlen_attn(*args: Any, **kwargs: Any) -> torch.Tensor:
 # Swappable so bench/step_profile.py can run the CUDA path's bookkeeping on CPU.
 VARLEN_IMPL: Callable[..., torch.Tensor] = _varlen_attn
 
+# What `varlen` passes besides the positional arguments: a paged cache needs the last two,
+# which torch.nn.attention.varlen has from torch 2.12 (2.10 and 2.11 ship the module
+# without them; pyproject's `worker` extra and the Dockerfile's image require 2.12).
+VARLEN_KEYWORDS = ("scale", "window_size", "enable_gqa", "seqused_k", "block_table")
+
+
+def varlen_missing(fn: Callable[..., Any] | None = None) -> list[str]:
+    """What the installed torch's `varlen_attn` (or `fn`) lacks of what `varlen` calls it
+    with; empty when it has everything."""
+    if fn is None:
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+        except ImportError:
+            return ["torch.nn.attention.varlen"]
+        fn = varlen_attn
+    params = inspect.signature(fn).parameters
+    return [k for k in VARLEN_KEYWORDS if k not in params]
+
 
 def varlen(
     q: torch.Tensor,
@@ -58,7 +77,10 @@ def varlen(
         args.max_q,
         args.max_k,
         scale=scale,
-        window_size=(-1, 0),  # causal, aligned bottom-right: a decode row sees all
+        # Causal, aligned bottom-right (a decode row sees all its keys). With one query a
+        # row, causal is full attention: say so, and FlashAttention packs the query heads
+        # that share a key head into one tile (it does only without a window).
+        window_size=(-1, -1) if args.max_q == 1 else (-1, 0),
         enable_gqa=gqa,
         seqused_k=args.seqused,
         block_table=args.table,
@@ -161,4 +183,74 @@ def varlen_reference(
             enable_gqa=enable_gqa,
         )
         out[a:b] = att[0].transpose(0, 1)
+    return out
+
+
+@torch.library.custom_op("batchwright::varlen_reference", mutates_args=())
+def _varlen_reference_op(
+    q: torch.Tensor,
+    kpool: torch.Tensor,
+    vpool: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    scale: float,
+    window: list[int],
+    gqa: bool,
+    seqused: torch.Tensor,
+    table: torch.Tensor,
+) -> torch.Tensor:
+    return varlen_reference(
+        q,
+        kpool,
+        vpool,
+        cu_q,
+        cu_k,
+        max_q,
+        max_k,
+        scale=scale,
+        window_size=(window[0], window[1]),
+        enable_gqa=gqa,
+        seqused_k=seqused,
+        block_table=table,
+    )
+
+
+@_varlen_reference_op.register_fake
+def _(q: torch.Tensor, *args: Any) -> torch.Tensor:
+    return torch.empty_like(q)
+
+
+def varlen_reference_op(
+    q: torch.Tensor,
+    kpool: torch.Tensor,
+    vpool: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    *,
+    scale: float,
+    window_size: tuple[int, int] = (-1, -1),
+    enable_gqa: bool = False,
+    seqused_k: torch.Tensor,
+    block_table: torch.Tensor,
+) -> torch.Tensor:
+    """`varlen_reference` as an opaque op, as torch's `varlen_attn` is one: a compiled
+    forward on CPU keeps it whole (tests, bench/step_profile.py --cuda-launches)."""
+    out: torch.Tensor = _varlen_reference_op(
+        q,
+        kpool,
+        vpool,
+        cu_q,
+        cu_k,
+        max_q,
+        max_k,
+        scale,
+        list(window_size),
+        enable_gqa,
+        seqused_k,
+        block_table,
+    )
     return out

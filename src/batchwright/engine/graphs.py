@@ -17,18 +17,24 @@ copy into its ring, before) and its cursor bookkeeping (after).
 
 `Capture` is how a step is recorded: `CudaCapture` with `torch.cuda.CUDAGraph` on one
 memory pool for every graph (only one runs at a time, and each step's packed output is
-copied out, stream-ordered, before the next replay), `EagerCapture` elsewhere (replay
-runs the step again: how the scheduler's graph path runs, and is checked, on CPU).
+copied out, stream-ordered, before the next replay), on the model's device, without a
+device synchronize or an allocator flush; `EagerCapture` elsewhere (replay runs the step
+again: how the scheduler's graph path runs, and is checked, on CPU).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Protocol
 
 import torch
 
+from batchwright.engine.device import on, stream
 from batchwright.engine.sampler import Sampler
+from batchwright.registry import ModelSpec
+
+log = logging.getLogger(__name__)
 
 Body = Callable[[], torch.Tensor]
 # The smallest KV-length bucket (one CUDA block).
@@ -62,22 +68,55 @@ class EagerCapture:
 
 
 class CudaCapture:
+    """Records on a side stream of the model's device. Not `torch.cuda.graph`: on entry
+    it synchronizes the device and empties the allocator's cache, and a graph is recorded
+    in the middle of a run (the first step of each key), where both would stall the
+    pipeline and hand memory back only to take it again."""
+
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.pool = torch.cuda.graph_pool_handle()
+        self.failed = False
+        with on(device):
+            self.pool = torch.cuda.graph_pool_handle()
+            self.side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
 
     def first(self, body: Body) -> tuple[torch.Tensor, Replay]:
         out = body()  # the real step, and the warm-up capture wants (lazy library init)
+        if self.failed:
+            return out, body
         graph = torch.cuda.CUDAGraph()
+        main = stream(self.device)
         # Recording launches nothing: the state the body updates in place is untouched.
-        with torch.cuda.graph(graph, pool=self.pool):
-            static = body()
+        # `thread_local`: other threads' CUDA calls (a metrics read) do not void it.
+        try:
+            with on(self.device):
+                self.side.wait_stream(main)
+                with torch.cuda.stream(self.side):
+                    graph.capture_begin(self.pool, capture_error_mode="thread_local")
+                    try:
+                        static = body()
+                    finally:
+                        graph.capture_end()
+                main.wait_stream(self.side)
+        except RuntimeError as e:
+            # The step itself ran (`out`); steps go on eagerly, with the same results.
+            self.failed = True
+            log.warning("CUDA graph capture failed, decode steps run eagerly: %s", e)
+            return out, body
 
         def replay() -> torch.Tensor:
-            graph.replay()
+            with on(self.device):
+                graph.replay()
             return static
 
         return out, replay
+
+
+def graphs_on(spec: ModelSpec, device: torch.device, backend: str) -> bool:
+    """Whether steady decode steps replay graphs (registry `cuda_graphs`; default: on
+    CUDA). Only the varlen attention's step is fixed enough to record."""
+    on = spec.cuda_graphs if spec.cuda_graphs is not None else device.type == "cuda"
+    return on and backend == "varlen"
 
 
 def capture_for(device: torch.device) -> Capture:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,11 +15,14 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from batchwright.engine import attention
+from batchwright.engine import attention, backends
 from batchwright.engine.demo import ensure_demo_model
+from batchwright.engine.device import use
 from batchwright.engine.host_memory import tune_malloc
 from batchwright.engine.native import paged_attention_kernel
 from batchwright.registry import DEMO_MODEL, ModelSpec
+
+log = logging.getLogger(__name__)
 
 # Bump when a change in the engine can change outputs for the same weights and parameters.
 ENGINE_VERSION = "4"
@@ -43,6 +48,7 @@ class LoadedModel:
     varlen: bool = False  # the model runs batchwright's variable-length attention
     native_attention: bool = False  # decode attention by the native kernel (native.py)
     chat_template: str | None = None  # the registry's template; None: the tokenizer's own
+    backend: str = "reference"  # how attention reads the paged cache (attention.py)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -115,6 +121,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     if device.type == "cpu":
         tune_malloc()
     tokenizer = AutoTokenizer.from_pretrained(path)
+    use(device)  # engine/device.py: what CUDA takes from the current device is the model's
     model, varlen = _from_pretrained(path, dtype)
     model.to(device)
     model.eval()
@@ -134,6 +141,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         and paged_attention_kernel() is not None
     )
     template = _chat_template(spec)
+    backend = choose_backend(device, dtype, native)
     engine_config = {
         "engine": ENGINE_VERSION,
         "dtype": str(dtype),
@@ -144,6 +152,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         "context_length": context,
         "varlen": varlen,
         "native_attention": native,
+        "backend": backend,
         "torch": ".".join(torch.__version__.split(".")[:2]),
         "transformers": ".".join(transformers.__version__.split(".")[:2]),
     }
@@ -163,6 +172,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         varlen=varlen,
         native_attention=native,
         chat_template=template,
+        backend=backend,
     )
 
 
@@ -180,6 +190,32 @@ def _chat_template(spec: ModelSpec) -> str | None:
         raise ValueError(
             f"model {spec.name!r}: chat_template {path}: {exc.strerror or exc}"
         ) from None
+
+
+def choose_backend(
+    device: torch.device,
+    dtype: torch.dtype,
+    native: bool,
+    missing: Callable[[], list[str]] = backends.varlen_missing,
+) -> str:
+    """How attention reads the paged cache (attention.py): native, varlen, reference. On
+    CUDA in half precision `varlen` when torch's `varlen_attn` takes what the engine
+    passes (`missing` says what it lacks); else the reference backend, said in one line,
+    rather than an error at the first step."""
+    if native:
+        return "native"
+    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+        return "reference"
+    lacks = missing()
+    if lacks:
+        log.warning(
+            "torch %s's varlen_attn lacks %s (torch >= 2.12 has them): attention runs the "
+            "slower reference backend",
+            torch.__version__,
+            ", ".join(lacks),
+        )
+        return "reference"
+    return "varlen"
 
 
 def _check_supported(config: Any) -> None:

@@ -67,7 +67,7 @@ def padded_decode(forward: ForwardLast, paged: PagedCache, slots: Slots, n: int)
     cols = torch.arange(width + 1, device=lens.device)[None, :]
     mask = ((cols < lens[:, None]) | (cols == width)).long()
     logits = forward(slots.tokens[:n, None], mask, lens[:, None], cache)
-    dest = paged.decode_dest(lens, slots.alive[:n])
+    dest = paged.decode_dest(lens)
     for layer, (k, v) in enumerate(_layers(cache)):
         paged.write(layer, k[:, :, width], v[:, :, width], dest)
     return logits

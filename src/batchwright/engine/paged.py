@@ -132,12 +132,13 @@ class PagedCache:
         bs, blocks = self.block_size, self.blocks[slot]
         return [blocks[p // bs] * bs + p % bs for p in range(length)]
 
-    def decode_dest(self, lens: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
+    def decode_dest(self, lens: torch.Tensor) -> torch.Tensor:
         """Flat pool position of each row's next token (device); dead rows write to the
         scratch block, so a fixed-shape step never touches a live row's blocks."""
         bs, n = self.block_size, lens.shape[0]
-        blk = self.table[:n].gather(1, (lens // bs)[:, None])[:, 0].long()
-        return torch.where(alive, blk * bs + lens % bs, SCRATCH)
+        blk = self.table[:n].gather(1, (lens // bs)[:, None])[:, 0]
+        # A dead row has length 0 and a zeroed table row: position 0 of the scratch block.
+        return torch.add(lens % bs, blk, alpha=bs)
 
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, dest: torch.Tensor) -> None:
         """Store `key`/`value` [tokens, kv_heads, dim] at the flat positions `dest`."""

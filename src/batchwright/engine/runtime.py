@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from batchwright.engine.attention import Step, planned
+from batchwright.engine.attention import PLAN_KWARG, Step, planned
 from batchwright.engine.chat import build_chat_result, prepare_chat
+from batchwright.engine.compiled import Compiled, compile_on
 from batchwright.engine.grammar import Grammars
 from batchwright.engine.host_memory import freeze_heap
 from batchwright.engine.jobs import Job, PromptScores, prepare
@@ -42,7 +43,15 @@ class Engine:
         tok = lm.tokenizer
         self._tok = tok
         self._keys = TokenKeys(tok, self.decode)
-        self.attention_backend = self._backend(lm)
+        self.attention_backend = lm.backend
+        # A 4-D mask is taken as built: transformers then builds none. Without one it
+        # checks the position ids for packed sequences, reading a boolean back from the
+        # device every forward (a host sync); under a plan the attention uses no mask.
+        self._no_mask = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=lm.device)
+        # The forward under a varlen plan, compiled on CUDA (compiled.py).
+        self._compiled: Compiled | None = None
+        if compile_on(spec, lm.device, self.attention_backend):
+            self._compiled = Compiled(self._forward, "model's forward", dynamic=True)
         self.grammars = Grammars(tok, lm.vocab_size, lm.eos_ids)
 
     @classmethod
@@ -142,15 +151,6 @@ class Engine:
 
     # --- cache ---------------------------------------------------------------------------
 
-    @staticmethod
-    def _backend(lm: LoadedModel) -> str:
-        """How attention reads the paged cache (attention.py): varlen, native, reference."""
-        if lm.native_attention:
-            return "native"
-        if lm.device.type == "cuda" and lm.dtype in (torch.float16, torch.bfloat16):
-            return "varlen"
-        return "reference"
-
     def new_cache(self) -> PagedCache:
         cfg = self.lm.model.config.get_text_config()
         heads = int(cfg.num_attention_heads)
@@ -198,15 +198,23 @@ class Engine:
     ) -> torch.Tensor:
         """One packed row through the model under `plan` (needs `lm.varlen`); logits
         [len(keep), vocab] at the positions `keep` (None: every position)."""
-        kwargs: dict[str, Any] = {"use_cache": False}
+        kwargs: dict[str, Any] = {"use_cache": False, "attention_mask": self._no_mask}
         if self.lm.has_logits_to_keep:
             kwargs["logits_to_keep"] = 0 if keep is None else keep
+        forward = self._compiled if self._compiled is not None else self._forward
         with planned(plan):
-            out = self.lm.model(input_ids=ids[None], position_ids=positions[None], **kwargs)
-        logits: torch.Tensor = out.logits[0]
+            logits = forward(ids[None], positions[None], plan, kwargs)[0]
         if keep is None or self.lm.has_logits_to_keep:
             return logits
         return logits.index_select(0, keep)
+
+    def _forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, plan: Step, kwargs: dict[str, Any]
+    ) -> torch.Tensor:
+        """The model under `plan` (what compiled.py compiles): logits [1, tokens, vocab]."""
+        out = self.lm.model(input_ids=ids, position_ids=positions, **{PLAN_KWARG: plan}, **kwargs)
+        logits: torch.Tensor = out.logits
+        return logits
 
     @torch.inference_mode()
     def score_prompt(self, ids: list[int], k: int) -> PromptScores:

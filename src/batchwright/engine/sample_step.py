@@ -95,7 +95,8 @@ def _finish(
     offset.index_put_(at, torch.addcmul(frequency, presence, seen == 0), accumulate=True)
     counts.index_put_(at, tables.ones[: len(token)], accumulate=True)
     cursor.add_(1)
-    return torch.cat([token.float(), raw.gather(1, token), top.float(), raw.gather(1, top)], 1)
+    ids = torch.cat([token, top], 1)
+    return torch.cat([ids.float(), raw.gather(1, ids)], 1)
 
 
 def sample_step(
@@ -113,16 +114,18 @@ def sample_step(
     k_top: int,
     allow: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One token per row; returns the packed [B, 2 + 2 k_top] float32 result.
+    """One token per row; returns the packed [B, 2 + 2 k_top] float32 result: the
+    token and the top-k ids, then their logprobs.
 
     Every per-row tensor has one row per row of `logits`. `offset` (penalties and bias) is
     stored divided by the temperature, so z = logits / T + offset in one op; `top_p` is
     inf for rows that keep the whole distribution; `counts`, `offset` and `cursor` are
     updated in place (they may be views of the sampler's state)."""
-    x = logits.float()
-    raw = torch.log_softmax(x, dim=-1)
+    # In float32 whatever the logits' dtype: the log-softmax casts as it reads, addcmul
+    # promotes to the offset's float32.
+    raw = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
     top = logits.topk(k_top, dim=-1).indices
-    z = masked(torch.addcmul(offset, x, inv_t[:, None]), allow, tables)
+    z = masked(torch.addcmul(offset, logits, inv_t[:, None]), allow, tables)
     cand, cand_ids = z.topk(min(_CANDIDATES, z.shape[1]), dim=-1)
     # Probabilities are read through their logs: compiled, neither is written out (the
     # log-softmax's max and sum become one online pass on CUDA; the histogram below
@@ -146,9 +149,12 @@ def sample_step(
     table = table.view(z.shape[0], -1, _BINS)
     # Bins are kept while the mass above them is below top_p; a narrow nucleus is bin 0.
     # The edge: the last bin whose mass above it is below top_p (bin 0's is none).
+    # (Searched among all but the catch-all last bin: past them, the edge is that bin.)
     bins = table.sum(dim=1)
-    edge = torch.searchsorted(bins.cumsum(dim=-1), target).masked_fill_(narrow, 0)
-    blocks = (table * (tables.bins <= edge)[:, None, :]).sum(dim=-1)
+    edge = torch.searchsorted(bins[:, :-1].cumsum(dim=-1), target).masked_fill_(narrow, 0)
+    # The mass of bins 0..edge of each block: a running sum over the bins, read at edge.
+    blocks = table.cumsum(dim=-1).gather(2, edge[:, :, None].expand(-1, table.shape[1], 1))
+    blocks = blocks[:, :, 0]
     # Inverse CDF in vocabulary order: the block, then the token inside it.
     u = ring.gather(1, (cursor % ring.shape[1])[:, None])
     cdf = blocks.cumsum(dim=-1)
@@ -183,11 +189,10 @@ def greedy_step(
 ) -> torch.Tensor:
     """`sample_step` for a batch without sampled rows (the CPU shortcut): the argmax of the
     adjusted logits, same result and state updates."""
-    x = logits.float()
-    raw = torch.log_softmax(x, dim=-1)
+    raw = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
     top = logits.topk(k_top, dim=-1).indices
     # max() rather than argmax(): the same first maximal index, faster on CPU.
-    token = masked(x + offset, allow, tables).max(dim=-1, keepdim=True).indices
+    token = masked(offset + logits, allow, tables).max(dim=-1, keepdim=True).indices
     return _finish(token, raw, top, offset, counts, presence, frequency, cursor, tables)
 
 
@@ -208,8 +213,8 @@ def plain_step(
 ) -> torch.Tensor:
     """The CPU shortcut for greedy rows without bias, penalties or logprobs: the argmax
     and its logprob (their counts and offsets are never read, so they stay)."""
-    x = logits.float()
-    raw = torch.log_softmax(x, dim=-1)
-    token = masked(x, allow, tables, fresh=False).max(dim=-1, keepdim=True).indices
+    raw = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+    token = masked(logits, allow, tables, fresh=False).max(dim=-1, keepdim=True).indices
     cursor.add_(1)
-    return torch.cat([token.float(), raw.gather(1, token), raw.new_zeros(len(x), 2 * k_top)], 1)
+    none = raw.new_zeros(len(raw), k_top)
+    return torch.cat([token.float(), none, raw.gather(1, token), none], 1)

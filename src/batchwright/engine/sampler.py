@@ -17,8 +17,8 @@ Without the shortcut, `step` launches the same tensor ops whatever B and the par
 mix (greedy, nucleus, penalties, bias, logprobs): no host synchronisation, no per-row Python, no
 data-dependent shapes. It updates the state in place (generated-token counts, the
 penalty offset, the uniform cursors) and returns ONE float32 device tensor
-[B, 2 + 2k]: column 0 the token id, 1 its logprob, then k top ids and their logprobs,
-best first (ids are exact in float32 below 2**24; k is 5, or max_logprobs in a step
+[B, 2 + 2k]: column 0 the token id, then k top ids (best first), then the logprobs of
+those 1 + k ids (ids are exact in float32 below 2**24; k is 5, or max_logprobs in a step
 with a row that wants more), so the host does one device-to-host copy per step. The
 host side of a step is a few numpy operations; every _RING/2 steps or so it tops up the
 uniform rings (one host-to-device copy). The core,
@@ -63,6 +63,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from batchwright.engine.compiled import Compiled
 from batchwright.engine.sample_step import (
     _BELOW_ONE,
     _RING,
@@ -131,9 +132,10 @@ class Sampler:
         self._greedy_core: Callable[..., torch.Tensor] = greedy_step
         self._plain_core: Callable[..., torch.Tensor] = plain_step
         if compile:
-            self._core = torch.compile(sample_step, fullgraph=True)
-            self._greedy_core = torch.compile(greedy_step, fullgraph=True)
-            self._plain_core = torch.compile(plain_step, fullgraph=True)
+            opts = {"fullgraph": True, "dynamic": True}
+            self._core = Compiled(sample_step, "sampler", **opts)
+            self._greedy_core = Compiled(greedy_step, "sampler", **opts)
+            self._plain_core = Compiled(plain_step, "sampler", **opts)
         # On CPU every op is a pass of its own and costs its elements: batches without a
         # sampled row skip the draw. On accelerators one graph serves every batch.
         self.shortcut = device.type == "cpu" if shortcut is None else shortcut
@@ -293,8 +295,8 @@ class Sampler:
         values: list[list[float]] = packed.tolist()
         return StepOut(
             tokens=[int(r[0]) for r in values],
-            chosen_logprobs=[r[1] for r in values],
-            top_ids=[[int(t) for t in r[2 : 2 + k]] for r in values],
+            chosen_logprobs=[r[1 + k] for r in values],
+            top_ids=[[int(t) for t in r[1 : 1 + k]] for r in values],
             top_logprobs=[r[2 + k :] for r in values],
         )
 

@@ -27,8 +27,10 @@ from batchwright.engine import prefix
 from batchwright.engine.admission import Placement, cached_prompts, place
 from batchwright.engine.attention import Step, decode_runs, fixed_runs
 from batchwright.engine.backends import VarlenArgs
+from batchwright.engine.compiled import compile_on
+from batchwright.engine.device import ReadBack, on
 from batchwright.engine.grammar import RowGrammars
-from batchwright.engine.graphs import DecodeGraphs, capture_for
+from batchwright.engine.graphs import DecodeGraphs, capture_for, graphs_on
 from batchwright.engine.intake import Intake, Unit
 from batchwright.engine.jobs import Seq
 from batchwright.engine.online import Lane, OnlineFeed
@@ -55,17 +57,23 @@ class Scheduler:
         self.vocab = engine.lm.vocab_size
         self.context_length = engine.lm.context_length
         self.backend = engine.attention_backend
-        captured = engine.spec.cuda_graphs and self.backend == "varlen"
+        captured = graphs_on(engine.spec, self.device, self.backend)
         fixed_rows = self.device.type == "cuda" or captured
         self.slots = Slots(engine.new_cache(), engine.max_rows, fixed=fixed_rows)
         self.cache = self.slots.cache
         # Sampler slots 0..max_rows-1 are the batch slots; the rest take the candidates
         # being admitted until their first token is drawn. A captured step runs the one
-        # fixed sampling graph, compiled on CUDA (its elementwise work fused).
-        fixed: dict[str, bool] = {}
-        if captured:
-            fixed = {"shortcut": False, "compile": self.device.type == "cuda"}
-        self.sampler = Sampler(2 * engine.max_rows, self.vocab, self.device, **fixed)
+        # fixed sampling graph; on CUDA it is compiled, graphs or not (compiled.py).
+        fixed: dict[str, bool] = {"shortcut": False} if captured else {}
+        compiled = compile_on(engine.spec, self.device, self.backend)
+        # Compiled code guards on how its inputs were made: the step's tensors must all be
+        # ordinary ones, as the long-lived state is, where inference mode would make the
+        # ones built in a step different (and every step a recompile). Eager, inference
+        # mode skips the autograd bookkeeping that no_grad keeps.
+        self._no_grad = torch.no_grad if compiled else torch.inference_mode
+        self.sampler = Sampler(
+            2 * engine.max_rows, self.vocab, self.device, compile=compiled, **fixed
+        )
         self.graphs = DecodeGraphs(self, capture_for(self.device)) if captured else None
         self.grammar = RowGrammars(self.sampler)
         self.prefix = prefix.enabled(engine.spec, engine.lm.varlen, self.cache)
@@ -102,8 +110,9 @@ class Scheduler:
                 )
                 lane.started(batch)
                 units += batch
-                if not units and not intake.pending:
-                    # Rows move only when no step's tokens are still to be recorded.
+                if not units and not intake.pending and s.compactable():
+                    # Rows move only when no step's tokens are still to be recorded: the
+                    # host waits for the step in flight only when rows will move.
                     yield from self._emit(self._drain())
                     self._compact()
                 if not units and not s.live and intake.pending and not lane.waiting:
@@ -111,7 +120,9 @@ class Scheduler:
                     yield intake.reject_head((cache.alloc.num_blocks - 1) * cache.block_size)
                     continue
                 if units or s.live:
-                    yield from self._emit(self._step(units))
+                    with on(self.device), self._no_grad():
+                        done = self._step(units)
+                    yield from self._emit(done)
                 else:
                     yield from self._emit(self._drain())
                 idle = not units and not s.live and self._pending is None
@@ -147,7 +158,6 @@ class Scheduler:
         if moved:
             self.sampler.move(*moved)
 
-    @torch.inference_mode()
     def _step(self, units: list[Unit]) -> list[GenResult]:
         """One forward for the decode step of every slot and the prefill of `units`."""
         s = self.slots
@@ -161,7 +171,7 @@ class Scheduler:
         ids, positions, dest = (
             [s.tokens[:n]],
             [s.lens[:n]],
-            [self.cache.decode_dest(s.lens[:n], s.alive[:n])],
+            [self.cache.decode_dest(s.lens[:n])],
         )
         bounds: list[tuple[int, int]] = []
         if placed:
@@ -213,7 +223,7 @@ class Scheduler:
         """A varlen step of decode rows only, the longest reading at most `max_k` keys
         (what graphs.py records)."""
         s = self.slots
-        dest = self.cache.decode_dest(s.lens[:n], s.alive[:n])
+        dest = self.cache.decode_dest(s.lens[:n])
         plan = Step(self.cache, n, dest, [], "varlen")
         plan.varlen = self._varlen_args(n, [], max_k)
         return plan
@@ -224,13 +234,14 @@ class Scheduler:
         s = self.slots
         logits = self.e.forward_step(s.tokens[:n], s.lens[:n], None, self.decode_plan(n, max_k))
         packed = self.sampler.core(logits)
-        s.advance(n, packed[:, 0].long())
+        s.advance(n, packed[:, 0])
         return packed
 
     def _varlen_args(self, n: int, placed: Sequence[Placement], max_k: int) -> VarlenArgs:
         """Decode rows (one query, dead rows read one scratch token) then prompts."""
         s = self.slots
-        seqused = torch.where(s.alive[:n], s.lens[:n] + 1, 1).int()
+        # A dead row (length 0) reads its one scratch token.
+        seqused = (s.lens[:n] + 1).int()
         table = self.cache.table[:n]
         cu_q = s.arange_int[: n + 1]
         max_q = 1
@@ -267,7 +278,7 @@ class Scheduler:
         step's tokens now, while this one runs, and this one's at the next step."""
         early = self._constrained_drain(n)
         packed = self.sampler.step(logits)
-        self.slots.advance(n, packed[:, 0].long())
+        self.slots.advance(n, packed[:, 0])
         return early + self._outputs(n, packed)
 
     def _constrained_drain(self, n: int) -> list[GenResult]:
@@ -368,19 +379,10 @@ class Outputs:
 
     def __init__(self, packed: torch.Tensor, seqs: list[Seq | None]) -> None:
         self.seqs = seqs
-        self.event: torch.cuda.Event | None = None
-        if packed.device.type == "cuda":
-            self.packed = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
-            self.packed.copy_(packed, non_blocking=True)
-            self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            self.event.record()
-        else:
-            self.packed = packed
+        self.packed = ReadBack(packed, packed.device)
 
     def host(self) -> torch.Tensor:
-        if self.event is not None:
-            self.event.synchronize()
-        return self.packed.cpu()
+        return self.packed.wait()
 
 
 def _max_new(unit: Unit) -> int:

@@ -113,7 +113,8 @@ class Slots:
         self.cache.upload(slots, idx)
 
     def advance(self, n: int, tokens: torch.Tensor) -> None:
-        """After a step: each live row's new token is its next input, one more cached."""
+        """After a step: each live row's new token (ids as floats, the packed column) is
+        its next input, one more cached."""
         self.tokens[:n].copy_(tokens)
         self.lens[:n].add_(self.alive[:n])
 
@@ -131,12 +132,16 @@ class Slots:
         self.lens.index_fill_(0, idx, 0)
         self.cache.table.index_fill_(0, idx, 0)
 
+    def compactable(self) -> bool:
+        """Whether `compact` would move rows (and the step then run fewer)."""
+        return bucket(self.live, self.max_rows, self.fixed) < self.rows_for_step()
+
     def compact(self) -> tuple[list[int], list[int]] | None:
         """Move rows from the top into holes below so the step runs fewer rows (only the
         block-table rows and per-row state move, never keys or values). Returns the moves
         (sources, destinations) for the sampler's state."""
         live = self.live
-        if bucket(live, self.max_rows, self.fixed) >= self.rows_for_step():
+        if not self.compactable():
             return None
         holes = sorted(s for s in self._free if s < live)
         movers = [s for s in range(self.top - 1, -1, -1) if self.seqs[s] is not None][: len(holes)]
