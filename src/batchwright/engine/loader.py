@@ -20,12 +20,13 @@ from batchwright.engine.demo import ensure_demo_model
 from batchwright.engine.device import use
 from batchwright.engine.host_memory import tune_malloc
 from batchwright.engine.native import paged_attention_kernel
+from batchwright.engine.packing import pack
 from batchwright.registry import DEMO_MODEL, ModelSpec
 
 log = logging.getLogger(__name__)
 
 # Bump when a change in the engine can change outputs for the same weights and parameters.
-ENGINE_VERSION = "4"
+ENGINE_VERSION = "5"
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _FULL_HASH_LIMIT = 64 * 1024 * 1024
@@ -125,6 +126,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     model, varlen = _from_pretrained(path, dtype)
     model.to(device)
     model.eval()
+    pack(model)  # q/k/v and gate/up projections: one matmul each (packing.py)
     text_config = model.config.get_text_config()
     _check_supported(text_config)
     out = model.get_output_embeddings()
