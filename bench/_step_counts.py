@@ -237,7 +237,11 @@ def counting_compiled(active: list[Counts]) -> Iterator[None]:
 
     def graph_call(self: Any, inputs: Any) -> Any:
         c = active[0] if active else None
-        if c is not None and not c.paused:
+        # Only the pause taken here is given back: inside a replay (already paused) the
+        # compiled forward must not unpause the rest of the replayed step.
+        counted = c is not None and not c.paused
+        if counted:
+            assert c is not None
             if id(self) not in cache:
                 cache[id(self)] = compiled_kernels(self.source_code)
             c.launches.update(cache[id(self)])
@@ -245,7 +249,8 @@ def counting_compiled(active: list[Counts]) -> Iterator[None]:
         try:
             return orig_graph(self, inputs)
         finally:
-            if c is not None and c.paused:
+            if counted:
+                assert c is not None
                 c.paused -= 1
 
     def compiled_call(self: Any, *args: Any, **kwargs: Any) -> Any:

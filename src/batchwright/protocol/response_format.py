@@ -8,6 +8,7 @@ compile it is the engine's call (engine/grammar.py), a 400 naming `response_form
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Literal
 
@@ -43,15 +44,38 @@ class JSONSchemaFormat(BaseModel):
     def _is_json_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         if v is None:
             return v
-        from jsonschema import Draft202012Validator
-        from jsonschema.exceptions import SchemaError
+        import orjson
 
         try:
-            Draft202012Validator.check_schema(v)
-        except SchemaError as exc:
-            where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
-            raise ValueError(f"not a valid JSON Schema at {where}: {exc.message[:200]}") from None
+            canonical = orjson.dumps(v, option=orjson.OPT_SORT_KEYS).decode()
+        except TypeError:  # not JSON (a caller built the dict in Python): check it as is
+            canonical = None
+        error = _schema_error(canonical) if canonical is not None else _check(v)
+        if error is not None:
+            raise ValueError(error)
         return v
+
+
+def _check(schema: dict[str, Any]) -> str | None:
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        return f"not a valid JSON Schema at {where}: {exc.message[:200]}"
+    return None
+
+
+# A dataset file repeats a few schemas on every line, and checking one against the
+# metaschema costs milliseconds (as much as generating several tokens on CPU): each
+# distinct schema is checked once, at validation and again where the engine reads the line.
+@functools.lru_cache(maxsize=256)
+def _schema_error(canonical: str) -> str | None:
+    import orjson
+
+    return _check(orjson.loads(canonical))
 
 
 class ResponseFormat(BaseModel):
