@@ -485,6 +485,7 @@ def measure(stack: Stack, home: Path, args: argparse.Namespace) -> None:
     share = online_tokens / max(1, online_tokens + run.tokens)
     ratio = (run.lines / run.seconds) / (base.lines / base.seconds)
     same = sum(1 for k, v in base.output.items() if run.output.get(k) == v)
+    differ = [k for k, v in base.output.items() if k in run.output and run.output[k] != v]
     preempted = stack.metric("batchwright_worker_preemptions_total") - preempted0
     lost = args.batch_lines - len(run.output) - run.errors
     print(
@@ -502,6 +503,8 @@ def measure(stack: Stack, home: Path, args: argparse.Namespace) -> None:
         f"lost {lost}, written twice {run.duplicates}, errors {run.errors}; "
         f"batch lines preempted {preempted:.0f}"
     )
+    if differ:
+        print(f"  lines that differ: {', '.join(map(str, differ[:10]))}")
     if args.aiperf:
         print("AIPerf (same endpoint)", flush=True)
         out = Path(tempfile.mkdtemp(prefix="bw-aiperf-"))

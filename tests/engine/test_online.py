@@ -125,8 +125,8 @@ def test_preempted_lines_give_the_results_they_would_have_had(
 def test_preempted_lines_keep_their_usage_with_the_prefix_cache(
     make_engine: Callable[..., Engine],
 ) -> None:
-    """Prompts over a block: a preempted line finds its own prompt blocks cached when it
-    comes back; its usage still reports what its first prefill found (none here)."""
+    """Prompts over a block: a preempted line's own prompt blocks are still cached when it
+    comes back; its usage reports what its first prefill found (none here)."""
     story = " ".join(["once upon a time there was a river and a stone"] * 8)
     lines = [
         GenRequest(("b", i), _body(i, prompt=f"{i} {story}", max_tokens=30, temperature=0))
@@ -138,6 +138,41 @@ def test_preempted_lines_keep_their_usage_with_the_prefix_cache(
     assert feed.lines > 0
     for key, result in alone.items():
         assert _same(got[key]) == _same(result), key
+
+
+def test_a_preempted_line_comes_back_through_the_prefill_it_took_first(
+    make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its own prompt blocks are still cached when it comes back, but reading them through
+    the pages would compute the rest of the prompt in another kernel (other rounding, and
+    an argmax near a tie may flip): it uses as many cached blocks as its first prefill."""
+    from batchwright.engine import scheduler
+
+    story = " ".join(["once upon a time there was a river and a stone"] * 8)
+    lines = [
+        GenRequest(("b", i), _body(i, prompt=f"{i} {story}", max_tokens=30, temperature=0))
+        for i in range(8)
+    ]
+    placed: list[tuple[Any, int, int]] = []
+    place = scheduler.place
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        out = place(*args, **kwargs)
+        placed.extend((p.unit.job.key, p.unit.prompt_index, p.cached) for p in out)
+        return out
+
+    monkeypatch.setattr(scheduler, "place", recording)
+    feed = Feed({3: [_online(0)], 8: [_online(1)], 14: [_online(2)]})
+    _run(make_engine(max_rows=4, prefix_cache=True), lines, feed)
+    first: dict[tuple[Any, int], int] = {}
+    again = 0
+    for key, prompt, cached in placed:
+        if (key, prompt) in first:
+            again += 1
+            assert cached == first[key, prompt], key
+        else:
+            first[key, prompt] = cached
+    assert again > 0  # lines were preempted and placed again
 
 
 def test_online_request_starts_at_the_next_step(make_engine: Callable[..., Engine]) -> None:

@@ -188,6 +188,12 @@ def test_admission_counts_prefixes_coming_in_the_same_step() -> None:
     assert plan.tokens(c) == BS + 2 and plan.blocks(c) == 3 - 1 + 1  # the idle block moves
 
 
+class _Job:
+    requeued = False  # a line admitted for the first time (not back from preemption)
+
+
 class _Unit:
     def __init__(self, prompt: list[int]) -> None:
         self.prompt = prompt
+        self.prompt_index = 0
+        self.job = _Job()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from batchwright.engine.intake import Unit
 from batchwright.engine.paged import PagedCache
-from batchwright.engine.prefix import PrefixBlocks, prefix_blocks
+from batchwright.engine.prefix import PrefixBlocks, first_blocks, prefix_blocks
 from batchwright.engine.prefix_attention import CachedPrompts
 from batchwright.engine.prefix_attention import plan as plan_cached
 from batchwright.engine.slots import Slots
@@ -45,7 +45,7 @@ def place(
             cache.assign(taken[0], cache.alloc.allocate(cache.alloc.blocks_for(total)))
             cached = 0
         else:
-            blocks, cached = prefix_blocks(prefix, u.prompt, total)
+            blocks, cached = prefix_blocks(prefix, u.prompt, total, first_blocks(prefix, u))
             cache.assign(taken[0], blocks)
             job.cached_tokens.setdefault(u.prompt_index, cached)
         dest = cache.prompt_dest(taken[0], length)[cached:]

@@ -128,12 +128,14 @@ class PrefixBlocks(BlockAllocator):
         bs = self.block_size
         return [tuple(tokens[i * bs : (i + 1) * bs]) for i in range(blocks)]
 
-    def match(self, tokens: Sequence[int]) -> list[int]:
-        """Indexed blocks holding the longest cached prefix of `tokens`, in order; at least
-        the last token is left out (its logits are what the prefill is for)."""
+    def match(self, tokens: Sequence[int], most: int | None = None) -> list[int]:
+        """Indexed blocks holding the longest cached prefix of `tokens`, in order, at most
+        `most` of them; at least the last token is left out (its logits are what the
+        prefill is for)."""
         out: list[int] = []
         node = self._root
-        for key in self._keys(tokens, (len(tokens) - 1) // self.block_size):
+        blocks = (len(tokens) - 1) // self.block_size
+        for key in self._keys(tokens, blocks if most is None else min(most, blocks)):
             child = node.children.get(key)
             if child is None:
                 break
@@ -166,12 +168,16 @@ class Planned:
         self._coming: set[int] = set()
         self._last: tuple[Sequence[int], int, int] | None = None
 
-    def _plan(self, prompt: Sequence[int]) -> tuple[int, int]:
+    def _plan(self, unit: Unit) -> tuple[int, int]:
         """(blocks the prefill will find cached, how many of those are idle now), and
         the prompt's blocks recorded as coming."""
         index = self.index
+        prompt = unit.prompt
+        most = first_blocks(index, unit)
         limit = (len(prompt) - 1) // index.block_size
-        matched = index.match(prompt)
+        if most is not None:
+            limit = min(limit, most)
+        matched = index.match(prompt, most)
         cached = len(matched)
         chain = 0
         for i, key in enumerate(index._keys(prompt, len(prompt) // index.block_size)):
@@ -183,7 +189,7 @@ class Planned:
 
     def tokens(self, unit: Unit) -> int:
         """Prompt tokens the unit's prefill computes (called first for each unit)."""
-        cached, idle = self._plan(unit.prompt)
+        cached, idle = self._plan(unit)
         self._last = (unit.prompt, cached, idle)
         return len(unit.prompt) - cached * self.index.block_size
 
@@ -197,11 +203,27 @@ class Planned:
         return self.kv_cost(unit) - cached + idle
 
 
-def prefix_blocks(index: PrefixBlocks, prompt: Sequence[int], total: int) -> tuple[list[int], int]:
-    """Blocks for a row of `total` tokens starting with `prompt`: its cached prefix shared
-    (taken off the idle list first, so the allocation cannot evict it), the rest new; the
-    prompt's full blocks are then indexed. Returns the blocks and the cached tokens."""
-    matched = index.share(index.match(prompt))
+def first_blocks(index: PrefixBlocks, unit: Unit) -> int | None:
+    """The most cached blocks the unit's prefill may use: for a preempted line coming back,
+    what its first prefill found (preempt.py). Its own prompt blocks are usually still
+    cached, but a prefill that reads a prefix through its pages computes the rest of the
+    prompt in another kernel than one that computes it whole, with other rounding, and a
+    greedy or seeded line must give the text it would have had (an argmax near a tie
+    flipped on 2 of 20,000 lines in bench/online_bench.py)."""
+    if not unit.job.requeued:
+        return None
+    first = unit.job.cached_tokens.get(unit.prompt_index)
+    return None if first is None else first // index.block_size
+
+
+def prefix_blocks(
+    index: PrefixBlocks, prompt: Sequence[int], total: int, most: int | None = None
+) -> tuple[list[int], int]:
+    """Blocks for a row of `total` tokens starting with `prompt`: its cached prefix (at
+    most `most` blocks) shared (taken off the idle list first, so the allocation cannot
+    evict it), the rest new; the prompt's full blocks are then indexed. Returns the blocks
+    and the cached tokens."""
+    matched = index.share(index.match(prompt, most))
     blocks = matched + index.allocate(index.blocks_for(total) - len(matched))
     index.insert(prompt, blocks)
     return blocks, len(matched) * index.block_size
