@@ -14,6 +14,8 @@ projects = typer.Typer(
 console = Console()
 
 NO_LIMIT = "Use 0 to remove the limit."
+# The columns are BIGINT: a larger limit is a usage error here, not a database traceback.
+MOST = 2**63 - 1
 
 
 @projects.command("set")
@@ -23,20 +25,27 @@ def projects_set(
         float | None, typer.Option(min=0.01, help="Share of a model's capacity (default 1).")
     ] = None,
     max_enqueued_lines: Annotated[
-        int | None, typer.Option(min=0, help=f"Lines in unfinished batches. {NO_LIMIT}")
+        int | None, typer.Option(min=0, max=MOST, help=f"Lines in unfinished batches. {NO_LIMIT}")
     ] = None,
     max_enqueued_tokens: Annotated[
         int | None,
-        typer.Option(min=0, help=f"Prompt + max_tokens of unfinished batches. {NO_LIMIT}"),
+        typer.Option(
+            min=0, max=MOST, help=f"Prompt + max_tokens of unfinished batches. {NO_LIMIT}"
+        ),
     ] = None,
     online_requests_per_minute: Annotated[
         int | None,
-        typer.Option("--rpm", min=0, help=f"Online /v1/completions requests a minute. {NO_LIMIT}"),
+        typer.Option(
+            "--rpm", min=0, max=MOST, help=f"Online /v1/completions requests a minute. {NO_LIMIT}"
+        ),
     ] = None,
     online_tokens_per_minute: Annotated[
         int | None,
         typer.Option(
-            "--tpm", min=0, help=f"Online tokens a minute (prompt + completion). {NO_LIMIT}"
+            "--tpm",
+            min=0,
+            max=MOST,
+            help=f"Online tokens a minute (prompt + completion). {NO_LIMIT}",
         ),
     ] = None,
 ) -> None:

@@ -43,3 +43,15 @@ def test_enqueued_token_and_line_limits(svc: Service, no_torch: str) -> None:
     for batch in (first, third):
         client.batches.cancel(batch.id)
         assert wait_batch(client, batch.id).status == "cancelled"
+
+
+def test_a_limit_past_bigint_is_a_usage_error() -> None:
+    """Refused before the database is touched (it raised `bigint out of range`)."""
+    from typer.testing import CliRunner
+
+    from batchwright.cli import app
+
+    for option in ("--max-enqueued-lines", "--max-enqueued-tokens", "--rpm", "--tpm"):
+        out = CliRunner().invoke(app, ["projects", "set", "team-x", option, str(2**63)])
+        assert out.exit_code == 2, (option, out.output)
+        assert "9223372036854775807" in out.output, out.output
