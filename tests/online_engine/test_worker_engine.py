@@ -69,13 +69,13 @@ def test_streamed_and_plain_requests_agree(svc: Service) -> None:
     assert {c.id for c in chunks} == {chunks[0].id}
 
 
-def _batch_lines(n: int) -> bytes:
+def _batch_lines(n: int, longer: int = 0) -> bytes:
     lines = []
     for i in range(n):
         body: dict[str, Any] = {
             "model": "demo",
             "prompt": f"Line {i}: the story goes",
-            "max_tokens": 24 + i % 9,
+            "max_tokens": 24 + longer + i % 9,
             "logit_bias": EOS_BAN,
             "temperature": 0 if i % 3 == 0 else 1.0,
             "seed": i,
@@ -118,12 +118,16 @@ def test_online_requests_go_ahead_of_a_running_batch_and_change_none_of_its_line
 ) -> None:
     """A batch fills the rows; online requests preempt its lines; the batch's output is
     the same, line for line, as without them; no line is written twice or lost."""
-    _, port = _worker(svc)
+    # Alive while frozen below (its liveness key outlasts the freeze).
+    proc, port = _worker(svc, BATCHWRIGHT_ONLINE_WORKER_TTL_SECONDS="600")
     client = svc.client(svc.key("team-preempt"))
-    data = _batch_lines(60)
+    data = _batch_lines(60, longer=40)
     alone = _output(client, _run_batch(client, data).id, svc)
     batch = _run_batch(client, data)
     svc.wait(lambda: _metric(port, "batchwright_worker_rows_in_flight") >= 16, what="full rows")
+    # Frozen with its rows full of batch lines (dozens still waiting), the worker finds the
+    # online requests queued at its next step, however fast its engine is.
+    proc.signal_group(signal.SIGSTOP)
     answers: list[Any] = []
 
     def ask(i: int) -> None:
@@ -134,8 +138,13 @@ def test_online_requests_go_ahead_of_a_running_batch_and_change_none_of_its_line
         )
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
+    try:
+        for t in threads:
+            t.start()
+        pending = f"{svc.env['BATCHWRIGHT_QUEUE']}:online:pending:demo"
+        svc.wait(lambda: redis.Redis.from_url(REDIS).llen(pending) == 6, 60, "six queued")
+    finally:
+        proc.signal_group(signal.SIGCONT)
     for t in threads:
         t.join()
     assert len(answers) == 6 and all(a.choices[0].finish_reason for a in answers)
