@@ -85,9 +85,17 @@ def sweep() -> dict[str, int]:
     stats = {"requeued": 0, "exhausted": 0, "batches": 0}
     dispatcher = get_dispatcher()
     with session_scope() as session:
+        # Lines a frozen worker holds locked mid-transaction are skipped, not waited for
+        # (that wait held every other re-drive): the next sweep takes them once its
+        # transaction ends, which a killed worker's connection does at once.
+        expired = (
+            select(BatchRequest.id)
+            .where(BatchRequest.state == "running", BatchRequest.lease_expires_at < now)
+            .with_for_update(skip_locked=True)
+        )
         stats["requeued"] = session.execute(
             update(BatchRequest)
-            .where(BatchRequest.state == "running", BatchRequest.lease_expires_at < now)
+            .where(BatchRequest.id.in_(expired.scalar_subquery()))
             # A lease that ran out: its worker died or lost touch; not the lines' doing.
             .values(state="queued", lease_token=None, lease_expires_at=None, **budget.LOST_RUN)
         ).rowcount  # type: ignore[attr-defined]

@@ -130,6 +130,44 @@ def test_late_write_after_lease_lost_is_dropped(fault: Stack, in_process: Any) -
     assert infra_failures(fault, batch.id) == {1: len(requests)}
 
 
+def test_a_line_locked_by_a_frozen_worker_does_not_hold_the_sweep(
+    fault: Stack, in_process: Any
+) -> None:
+    """A worker frozen inside a transaction holds its lines' row locks for as long as it
+    is frozen: the sweeper re-queues every other expired line and comes back for the
+    locked one, instead of waiting behind it (and holding every other re-drive)."""
+    import psycopg
+
+    from batchwright import control
+
+    client = fault.client()
+    requests = _lines("frozen-tx", 12, 8)
+    batch = submit(client, jsonl(requests))
+    control.validate_batch(batch.id)
+    fault.sql(
+        "UPDATE batch_requests SET state = 'running', lease_expires_at = 0, "
+        "lease_token = 'frozen' WHERE batch_id = %s",
+        batch.id,
+    )
+    with psycopg.connect(fault.pg_url) as frozen:  # a transaction left open, as frozen
+        frozen.execute(
+            "SELECT id FROM batch_requests WHERE batch_id = %s ORDER BY id LIMIT 1 FOR UPDATE",
+            (batch.id,),
+        )
+        swept: list[dict[str, int]] = []
+        t = threading.Thread(target=lambda: swept.append(control.sweep()))
+        t.start()
+        t.join(60)  # a sweep of 12 lines takes milliseconds; waiting on the lock, forever
+        assert not t.is_alive(), "the sweep waited on a frozen worker's row lock"
+        assert swept[0]["requeued"] == len(requests) - 1
+        frozen.rollback()  # thawed (or killed: the server ends its transaction)
+    assert control.sweep()["requeued"] == 1
+    queued = fault.scalar(
+        "SELECT count(*) FROM batch_requests WHERE batch_id = %s AND state = 'queued'", batch.id
+    )
+    assert queued == len(requests)
+
+
 def test_work_slice_gives_the_queue_back(
     fault: Stack, in_process: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
