@@ -23,11 +23,12 @@ _RING = 64
 _BELOW_ONE = 1.0 - 2.0**-23
 # The score of a token a grammar forbids (see `masked`).
 _FORBIDDEN = -1e30
-# Exponentials of log-probabilities below this are taken at it (1.6e-38, float32's
-# smallest normal): ATen's CPU exp leaves its vector path for inputs that underflow and is
-# 40-150x slower on them, which a grammar's forbidden tokens (or a -100 logit_bias) make
-# most of a row. Only masses summed into the histogram and the candidates' nucleus are
-# floored; the weights of the drawn block stay exact, so a forbidden token's is 0.
+# In a step with constrained rows, exponentials of log-probabilities below this are taken
+# at it (1.6e-38, float32's smallest normal): ATen's CPU exp leaves its vector path for
+# inputs that underflow and is 40-150x slower on them, and a grammar's forbidden tokens
+# are most of a constrained row. Only masses summed into the histogram and the
+# candidates' nucleus are floored; the weights of the drawn block stay exact, so a
+# forbidden token's is 0. Steps without a grammar keep their ops (the fixed graph's count).
 _EXP_FLOOR = -87.0
 
 
@@ -137,7 +138,8 @@ def sample_step(
     # log-softmax's max and sum become one online pass on CUDA; the histogram below
     # exponentiates as it reads), eager they cost one exp.
     lp = torch.log_softmax(z, dim=-1)
-    pc = lp.gather(1, cand_ids).clamp_(min=_EXP_FLOOR).exp_()
+    pc = lp.gather(1, cand_ids)
+    pc = (pc if allow is None else pc.clamp_(min=_EXP_FLOOR)).exp_()
     cmass = pc.cumsum(dim=-1)
     target = top_p[:, None]
     # A narrow nucleus ends among the candidates: its last token is exact (ties stay).
@@ -151,7 +153,8 @@ def sample_step(
     # (bin 0: at or above it; the last bin: everything further down).
     depth = torch.sub(floor * _PER_NAT, z, alpha=_PER_NAT).ceil_().clamp_(0, _BINS - 1)
     table = z.new_zeros(z.shape[0], tables.block_ids.shape[0] * _BINS)
-    table.scatter_add_(1, (depth + tables.cells).long(), lp.clamp(min=_EXP_FLOOR).exp_())
+    mass = lp.exp() if allow is None else lp.clamp(min=_EXP_FLOOR).exp_()
+    table.scatter_add_(1, (depth + tables.cells).long(), mass)
     table = table.view(z.shape[0], -1, _BINS)
     # Bins are kept while the mass above them is below top_p; a narrow nucleus is bin 0.
     # The edge: the last bin whose mass above it is below top_p (bin 0's is none).
