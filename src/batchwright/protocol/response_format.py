@@ -8,8 +8,10 @@ compile it is the engine's call (engine/grammar.py), a 400 naming `response_form
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import re
+import threading
+from collections import OrderedDict
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -44,16 +46,16 @@ class JSONSchemaFormat(BaseModel):
     def _is_json_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         if v is None:
             return v
-        import orjson
-
-        try:
-            canonical = orjson.dumps(v, option=orjson.OPT_SORT_KEYS).decode()
-        except TypeError:  # not JSON (a caller built the dict in Python): check it as is
-            canonical = None
-        error = _schema_error(canonical) if canonical is not None else _check(v)
+        error = _schema_error(v)
         if error is not None:
             raise ValueError(error)
         return v
+
+
+def _canonical(schema: dict[str, Any]) -> bytes:
+    import orjson
+
+    return orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
 
 
 def _check(schema: dict[str, Any]) -> str | None:
@@ -70,12 +72,28 @@ def _check(schema: dict[str, Any]) -> str | None:
 
 # A dataset file repeats a few schemas on every line, and checking one against the
 # metaschema costs milliseconds (as much as generating several tokens on CPU): each
-# distinct schema is checked once, at validation and again where the engine reads the line.
-@functools.lru_cache(maxsize=256)
-def _schema_error(canonical: str) -> str | None:
-    import orjson
+# distinct schema is checked once, at validation and again where the engine reads the
+# line. Kept by digest, so that large schemas are not held.
+_CHECKED: OrderedDict[bytes, str | None] = OrderedDict()
+_CHECKED_MAX = 256
+_lock = threading.Lock()
 
-    return _check(orjson.loads(canonical))
+
+def _schema_error(schema: dict[str, Any]) -> str | None:
+    try:
+        key = hashlib.blake2b(_canonical(schema), digest_size=16).digest()
+    except TypeError:  # not JSON (a caller built the dict in Python): check it as is
+        return _check(schema)
+    with _lock:
+        if key in _CHECKED:
+            _CHECKED.move_to_end(key)
+            return _CHECKED[key]
+    error = _check(schema)
+    with _lock:
+        _CHECKED[key] = error
+        if len(_CHECKED) > _CHECKED_MAX:
+            _CHECKED.popitem(last=False)
+    return error
 
 
 class ResponseFormat(BaseModel):
@@ -99,8 +117,6 @@ class ResponseFormat(BaseModel):
     def grammar_key(self) -> tuple[str, str, bool] | None:
         """What the compiled grammar depends on: (kind, canonical schema, strict); None for
         text."""
-        import orjson
-
         if self.type == "text":
             return None
         if self.type == "json_object" or self.json_schema is None:
@@ -108,5 +124,4 @@ class ResponseFormat(BaseModel):
         schema = self.json_schema.schema_
         if schema is None:
             return ("json_object", "", False)
-        canonical = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS).decode()
-        return ("json_schema", canonical, bool(self.json_schema.strict))
+        return ("json_schema", _canonical(schema).decode(), bool(self.json_schema.strict))
