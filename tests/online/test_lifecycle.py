@@ -9,8 +9,11 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import openai
 import orjson
@@ -22,6 +25,8 @@ from tests.online.conftest import QUEUE_TIMEOUT
 from tests.online.e2e import Worker, sse, start_worker
 from tests.online.test_admission import usage_rows
 from tests.shared.conftest import Service
+
+T = TypeVar("T")
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 EOS = 0  # the demo tokenizer's <|endoftext|>: banned below so a stream runs to max_tokens
@@ -40,20 +45,31 @@ def test_a_client_that_leaves_cancels_its_request_at_the_worker(
     key = service.key("team-leaves")
     cancelled = 'batchwright_worker_online_cancelled_total{model="demo"}'
     before = worker.metric(cancelled) or 0.0
-    # Hundreds of engine steps to go when the first chunk arrives; the worker is frozen a
-    # few milliseconds later, so the cancel reaches it mid-generation.
+    # Hundreds of engine steps to go when the first chunk arrives (EOS banned).
     body = {
         "model": "demo", "prompt": "Once", "max_tokens": 480, "stream": True,
         "logit_bias": {str(EOS): -100},
     }  # fmt: skip
     prefix = f"{service.env['BATCHWRIGHT_QUEUE']}:online"
     client = redis.Redis.from_url(REDIS)
-    with sse(service, key, body) as response:
-        first = next(response.iter_lines())
-        request_id = re.search(r'"id":"(cmpl-[^"]+)"', first).group(1)  # type: ignore[union-attr]
-        # Frozen, the worker cannot finish the request before the cancel reaches it.
-        worker.proc.signal_group(signal.SIGSTOP)
+    firsts: list[str] = []
+    leave = threading.Event()
+
+    def stream() -> None:
+        with sse(service, key, body) as response:
+            firsts.append(next(response.iter_lines()))
+            leave.wait(60)
+
+    reader = threading.Thread(target=stream)
+    # Frozen, and run a slice at a time until the first chunk is out: the request cannot
+    # be finished before the cancel reaches the worker, however fast its engine is.
+    worker.proc.signal_group(signal.SIGSTOP)
     try:
+        reader.start()
+        step_until(worker, lambda: bool(firsts))
+        leave.set()
+        reader.join(60)
+        request_id = re.search(r'"id":"(cmpl-[^"]+)"', firsts[0]).group(1)  # type: ignore[union-attr]
         service.wait(lambda: client.exists(f"{prefix}:cancel:{request_id}"), 30, "the cancel")
     finally:
         worker.proc.signal_group(signal.SIGCONT)
@@ -94,10 +110,10 @@ def test_a_plain_request_whose_client_leaves_is_cancelled_too(
                     return bytes(raw)
         return None
 
-    # The moment its worker holds it, the worker is frozen: hundreds of steps to go.
-    raw = service.wait(held, 60, "the request taken")
+    # Frozen, and run a slice at a time until it holds the request: hundreds of steps to go.
     worker.proc.signal_group(signal.SIGSTOP)
     try:
+        raw = step_until(worker, held)
         sock.close()
         request_id = orjson.loads(raw)["id"]
         service.wait(lambda: client.exists(f"{prefix}:cancel:{request_id}"), 30, "the cancel")
@@ -107,6 +123,19 @@ def test_a_plain_request_whose_client_leaves_is_cancelled_too(
     service.wait(lambda: len(usage_rows(service, "team-leaves-plain")) == 1, 30, "usage row")
     [row] = usage_rows(service, "team-leaves-plain")
     assert (row[1], row[2], row[9]) == (499, False, True)
+
+
+def step_until(worker: Worker, condition: Callable[[], T | None]) -> T:
+    """Run a frozen worker a few milliseconds at a time until `condition()` is truthy;
+    it is frozen again when that is returned."""
+    for _ in range(20_000):
+        got = condition()
+        if got:
+            return got
+        worker.proc.signal_group(signal.SIGCONT)
+        time.sleep(0.002)  # a slice of the worker's time, not a wait for an outcome
+        worker.proc.signal_group(signal.SIGSTOP)
+    raise TimeoutError("the worker never got there")
 
 
 def key_id(service: Service, project: str) -> str:
