@@ -95,7 +95,7 @@ def private_redis() -> Iterator[str]:
 
 def demo_home() -> Path:
     """BATCHWRIGHT_HOME with the demo model built (once per bench run)."""
-    from batchwright.engine.demo import build_demo_model
+    from batchwright.engine.loading.demo import build_demo_model
 
     home = Path(tempfile.mkdtemp(prefix="bw-bench-"))
     build_demo_model(home / "models" / "demo")

@@ -227,7 +227,7 @@ def counting_compiled(active: list[Counts]) -> Iterator[None]:
     from torch._inductor.output_code import CompiledFxGraph
 
     try:
-        from batchwright.engine.compiled import Compiled
+        from batchwright.engine.platform.compiled import Compiled
     except ImportError:  # an engine from before it compiled anything (a baseline)
         yield
         return

@@ -41,7 +41,7 @@ class InstantEngine:
     ) -> Iterator[Any]:
         # `cancelled` is the engine's cancel hook (pipeline.generate passes the lease's);
         # an engine that answers at once has nothing in flight to drop.
-        from batchwright.engine.types import GenResult
+        from batchwright.engine.requests.types import GenResult
 
         for req in requests:
             yield GenResult(

@@ -29,9 +29,9 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from batchwright.engine.demo import EOS_TOKEN, build_demo_model, build_tokenizer
-from batchwright.engine.runtime import Engine
-from batchwright.engine.types import GenRequest
+from batchwright.engine.engine import Engine
+from batchwright.engine.loading.demo import EOS_TOKEN, build_demo_model, build_tokenizer
+from batchwright.engine.requests.types import GenRequest
 from batchwright.registry import ModelSpec
 
 H200_BW = 4.8e12

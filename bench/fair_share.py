@@ -92,7 +92,7 @@ def thread_worker(
     """The `thread` topology: a worker loop in this process; validation called directly."""
     from batchwright import control
     from batchwright.config import get_settings
-    from batchwright.engine.runtime import Engine
+    from batchwright.engine.engine import Engine
     from batchwright.registry import ModelSpec, Registry
     from batchwright.worker import runner
 

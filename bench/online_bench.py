@@ -276,8 +276,8 @@ def engine_alone(home: Path, max_rows: int, bodies: list[dict[str, Any]]) -> tup
     (runner.set_cpu_threads); (completion tokens, seconds)."""
     import torch
 
-    from batchwright.engine.runtime import Engine
-    from batchwright.engine.types import GenRequest
+    from batchwright.engine.engine import Engine
+    from batchwright.engine.requests.types import GenRequest
     from batchwright.registry import ModelSpec
 
     engine = Engine.load(ModelSpec(name="demo", path=home / "models" / "demo", max_rows=max_rows))
@@ -410,7 +410,7 @@ def main() -> None:
     ap.add_argument("--aiperf", default="", help="AIPerf's `aiperf` executable (optional)")
     args = ap.parse_args()
 
-    from batchwright.engine.demo import build_demo_model
+    from batchwright.engine.loading.demo import build_demo_model
 
     home = Path(tempfile.mkdtemp(prefix="bw-online-home-"))
     build_demo_model(home / "models" / "demo")

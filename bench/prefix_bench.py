@@ -39,8 +39,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from engine_bench import build_cpu_model, build_gpu_model, make_requests, sync
 
-from batchwright.engine.runtime import Engine
-from batchwright.engine.types import GenRequest
+from batchwright.engine.engine import Engine
+from batchwright.engine.requests.types import GenRequest
 from batchwright.registry import ModelSpec
 
 

@@ -38,7 +38,7 @@ def main() -> None:
     import torch
 
     from batchwright import control
-    from batchwright.engine.runtime import Engine
+    from batchwright.engine.engine import Engine
     from batchwright.registry import ModelSpec, Registry
     from batchwright.worker import runner
 

@@ -37,7 +37,7 @@ import torch
 import torch._inductor.config as inductor_config
 from torch._inductor.utils import run_and_get_code
 
-from batchwright.engine.sample_step import _RING, make_tables, sample_step
+from batchwright.engine.sampling.sample_step import _RING, make_tables, sample_step
 
 _KERNEL = re.compile(r"(cpp_fused_\w+) = async_compile\.cpp_pybinding\(\[.*?\], r'''(.*?)'''", re.S)
 _LOOP = re.compile(

@@ -44,7 +44,7 @@ class PythonBound:
         self.lm = type("LM", (), {"device": "gpu stand-in"})()
 
     def run(self, requests: Iterable[Any], cancelled: Any = None) -> Iterator[Any]:
-        from batchwright.engine.types import GenResult
+        from batchwright.engine.requests.types import GenResult
 
         ready = getattr(requests, "ready", None)
         it = iter(requests)
@@ -84,8 +84,8 @@ def main() -> None:
     import torch
 
     from batchwright import control
-    from batchwright.engine.runtime import Engine
-    from batchwright.engine.types import GenRequest
+    from batchwright.engine.engine import Engine
+    from batchwright.engine.requests.types import GenRequest
     from batchwright.registry import ModelSpec, Registry
     from batchwright.worker import runner
     from batchwright.worker.claims import Lease

@@ -43,12 +43,13 @@ from typing import Any
 import torch
 from _step_counts import PROF, Counts, counting_compiled, launches_of, profiled
 
-from batchwright.engine import backends, graphs
-from batchwright.engine import scheduler as sched_mod
-from batchwright.engine.demo import EOS_TOKEN, build_tokenizer
-from batchwright.engine.runtime import Engine
-from batchwright.engine.sampler import Sampler
-from batchwright.engine.types import GenRequest
+from batchwright.engine.attention import backends
+from batchwright.engine.engine import Engine
+from batchwright.engine.loading.demo import EOS_TOKEN, build_tokenizer
+from batchwright.engine.requests.types import GenRequest
+from batchwright.engine.runner import graphs
+from batchwright.engine.sampling.sampler import Sampler
+from batchwright.engine.scheduling import scheduler as sched_mod
 from batchwright.registry import ModelSpec
 
 

@@ -30,10 +30,10 @@ from typing import Any
 
 import jsonschema
 
-from batchwright.engine import grammar, sample_step
-from batchwright.engine.demo import ensure_demo_model
-from batchwright.engine.runtime import Engine
-from batchwright.engine.types import GenRequest, GenResult
+from batchwright.engine.engine import Engine
+from batchwright.engine.loading.demo import ensure_demo_model
+from batchwright.engine.requests.types import GenRequest, GenResult
+from batchwright.engine.sampling import grammar, sample_step
 from batchwright.registry import ModelSpec
 
 SCHEMAS: dict[str, dict[str, Any]] = {

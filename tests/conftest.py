@@ -68,7 +68,7 @@ def redis_url() -> str:
 def bw_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """BATCHWRIGHT_HOME with the demo model built once, in HF format, as on first use."""
     home = tmp_path_factory.mktemp("bw_home")
-    from batchwright.engine.demo import build_demo_model
+    from batchwright.engine.loading.demo import build_demo_model
 
     build_demo_model(home / "models" / "demo")
     return home

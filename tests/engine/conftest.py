@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from batchwright.engine.demo import build_demo_model
-from batchwright.engine.runtime import Engine
-from batchwright.engine.types import GenRequest, GenResult
+from batchwright.engine.engine import Engine
+from batchwright.engine.loading.demo import build_demo_model
+from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.registry import ModelSpec
 
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from batchwright.engine.attention import decode_runs
-from batchwright.engine.demo import build_demo_model
-from batchwright.engine.native import paged_attention_kernel
-from batchwright.engine.sampling import BatchSampler, RowParams, _nucleus_floor
+from batchwright.engine.attention.interface import decode_runs
+from batchwright.engine.attention.native import paged_attention_kernel
+from batchwright.engine.loading.demo import build_demo_model
+from batchwright.engine.sampling.params import BatchSampler, RowParams, _nucleus_floor
 from tests.engine.conftest import Direct
 
 
@@ -165,7 +165,7 @@ def test_sliding_window_model_is_refused_at_load(make_engine: Any, tmp_path: Pat
     # The cache keeps every column and the attention has no window: refuse, loudly.
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from batchwright.engine.demo import build_tokenizer
+    from batchwright.engine.loading.demo import build_tokenizer
 
     config = Qwen2Config(
         vocab_size=1100,

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from batchwright.engine.runtime import Engine
-from batchwright.engine.types import GenRequest, GenResult
+from batchwright.engine.engine import Engine
+from batchwright.engine.requests.types import GenRequest, GenResult
 
 # EOS pushed out of reach so every row runs its full max_tokens unless cancelled.
 _BODY = {"model": "test", "max_tokens": 120, "temperature": 0, "logit_bias": {}}

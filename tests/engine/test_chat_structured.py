@@ -18,9 +18,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from batchwright.engine.demo import TEMPLATE_FILE, ensure_demo_model
-from batchwright.engine.runtime import Engine
-from batchwright.engine.types import GenRequest, GenResult
+from batchwright.engine.engine import Engine
+from batchwright.engine.loading.demo import TEMPLATE_FILE, ensure_demo_model
+from batchwright.engine.requests.types import GenRequest, GenResult
 from tests.engine.conftest import Runner
 
 MESSAGES = [

@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 import torch
 
-from batchwright.engine import backends, device, graphs
-from batchwright.engine.demo import build_demo_model
-from batchwright.engine.loader import choose_backend
-from batchwright.engine.types import GenRequest
+from batchwright.engine.attention import backends
+from batchwright.engine.loading.demo import build_demo_model
+from batchwright.engine.loading.loader import choose_backend
+from batchwright.engine.platform import device
+from batchwright.engine.requests.types import GenRequest
+from batchwright.engine.runner import graphs
 
 CUDA1 = torch.device("cuda", 1)
 
@@ -50,7 +52,7 @@ def test_a_torch_without_paged_varlen_runs_the_reference_backend(
     # On CUDA in bf16 a torch whose varlen_attn lacks the paged arguments gets the
     # reference backend and one line saying why, instead of an error at the first step.
     cuda, bf16 = torch.device("cuda"), torch.bfloat16
-    with caplog.at_level(logging.WARNING, logger="batchwright.engine.loader"):
+    with caplog.at_level(logging.WARNING, logger="batchwright.engine.loading.loader"):
         old = choose_backend(cuda, bf16, False, lambda: ["seqused_k", "block_table"])
     assert old == "reference"
     lines = [r.getMessage() for r in caplog.records]

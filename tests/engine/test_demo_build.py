@@ -8,7 +8,7 @@ from pathlib import Path
 
 CHILD = """
 import sys
-from batchwright.engine.loader import load_model
+from batchwright.engine.loading.loader import load_model
 from batchwright.registry import ModelSpec
 lm = load_model(ModelSpec(name="demo", path=sys.argv[1]))
 print("loaded", lm.vocab_size)

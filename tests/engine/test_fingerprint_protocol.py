@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from batchwright.engine.demo import build_demo_model
+from batchwright.engine.loading.demo import build_demo_model
 from batchwright.protocol.completions import check_completion_body
 
 

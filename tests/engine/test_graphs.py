@@ -18,11 +18,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from batchwright.engine import backends
-from batchwright.engine.demo import build_demo_model
-from batchwright.engine.graphs import KV_BUCKET_MIN, Body, DecodeGraphs, Replay, kv_bucket
-from batchwright.engine.scheduler import Scheduler
-from batchwright.engine.types import GenRequest
+from batchwright.engine.attention import backends
+from batchwright.engine.loading.demo import build_demo_model
+from batchwright.engine.requests.types import GenRequest
+from batchwright.engine.runner.graphs import KV_BUCKET_MIN, Body, DecodeGraphs, Replay, kv_bucket
+from batchwright.engine.scheduling.scheduler import Scheduler
 
 # Ops that read a device value back, or whose output shape depends on data: a capture
 # fails on them (and any host-built tensor is a copy baked in at record time).

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from batchwright.engine.types import GenRequest
+from batchwright.engine.requests.types import GenRequest
 
 PROMPTS = [
     "The quick brown fox",

@@ -6,8 +6,8 @@ import queue
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from batchwright.engine.runtime import Engine
-from batchwright.engine.types import GenRequest
+from batchwright.engine.engine import Engine
+from batchwright.engine.requests.types import GenRequest
 
 _END = object()
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from batchwright.engine.runtime import Engine
-from batchwright.engine.types import GenRequest, GenResult
+from batchwright.engine.engine import Engine
+from batchwright.engine.requests.types import GenRequest, GenResult
 
 EOS_BAN = {"0": -100}  # the demo tokenizer's <|endoftext|> is id 0
 
@@ -146,7 +146,7 @@ def test_a_preempted_line_comes_back_through_the_prefill_it_took_first(
     """Its own prompt blocks are still cached when it comes back, but reading them through
     the pages would compute the rest of the prompt in another kernel (other rounding, and
     an argmax near a tie may flip): it uses as many cached blocks as its first prefill."""
-    from batchwright.engine import scheduler
+    from batchwright.engine.scheduling import scheduler
 
     story = " ".join(["once upon a time there was a river and a stone"] * 8)
     lines = [
@@ -201,7 +201,7 @@ def test_online_requests_never_preempt_each_other(make_engine: Callable[..., Eng
 
 
 def test_reserved_rows_stay_free_of_batch_lines(make_engine: Callable[..., Engine]) -> None:
-    from batchwright.engine.scheduler import Scheduler
+    from batchwright.engine.scheduling.scheduler import Scheduler
 
     engine = make_engine(max_rows=4, online_rows=1)
     sched = Scheduler(engine)
@@ -322,8 +322,8 @@ def test_cancelled_online_request_leaves_at_the_next_step(
 def test_half_a_character_waits_for_the_rest(make_engine: Callable[..., Engine]) -> None:
     """A character split over byte tokens goes out whole, with its tokens' logprobs; text
     that may still become a stop sequence waits until it cannot."""
-    from batchwright.engine.streaming import ChoiceStream
-    from batchwright.engine.token_keys import _byte_level_alphabet
+    from batchwright.engine.output.streaming import ChoiceStream
+    from batchwright.engine.text.token_keys import _byte_level_alphabet
 
     engine = make_engine(max_rows=4)
     tok = engine.lm.tokenizer
@@ -363,7 +363,7 @@ def test_the_tokenizers_stream_decoder_gives_the_incremental_text(
     invalid sequences, special tokens)."""
     import random
 
-    from batchwright.engine.stop import IncrementalText, StreamText
+    from batchwright.engine.text.stop import IncrementalText, StreamText
 
     engine = make_engine(max_rows=4)
     stream = engine.text_stream()

@@ -10,8 +10,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM
 
-from batchwright.engine.demo import build_demo_model
-from batchwright.engine.packing import pack
+from batchwright.engine.loading.demo import build_demo_model
+from batchwright.engine.loading.packing import pack
 
 _MATMULS = {"aten::linear", "aten::addmm", "aten::mm", "aten::matmul"}
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from batchwright.engine import backends, native
-from batchwright.engine.blocks import SCRATCH, BlockAllocator, OutOfBlocks
-from batchwright.engine.demo import build_demo_model
-from batchwright.engine.native import paged_attention_kernel
-from batchwright.engine.scheduler import Scheduler
-from batchwright.engine.slots import bucket
-from batchwright.engine.types import GenRequest
+from batchwright.engine.attention import backends, native
+from batchwright.engine.attention.native import paged_attention_kernel
+from batchwright.engine.kv.blocks import SCRATCH, BlockAllocator, OutOfBlocks
+from batchwright.engine.loading.demo import build_demo_model
+from batchwright.engine.requests.types import GenRequest
+from batchwright.engine.runner.slots import bucket
+from batchwright.engine.scheduling.scheduler import Scheduler
 from tests.engine.conftest import Direct
 
 # The native builds this CPU runs (torch's capability names the best of them).

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from batchwright.engine import backends
-from batchwright.engine.blocks import OutOfBlocks
-from batchwright.engine.demo import build_demo_model
-from batchwright.engine.native import paged_attention_kernel
-from batchwright.engine.prefix import Planned, PrefixBlocks
+from batchwright.engine.attention import backends
+from batchwright.engine.attention.native import paged_attention_kernel
+from batchwright.engine.kv.blocks import OutOfBlocks
+from batchwright.engine.kv.prefix import Planned, PrefixBlocks
+from batchwright.engine.loading.demo import build_demo_model
 from tests.engine.conftest import Direct
 
 BS = 16  # a small block size, so short prompts span several blocks

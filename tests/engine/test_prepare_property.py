@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from batchwright.batches.quotas import TokenCounter
 from batchwright.config import Settings
-from batchwright.engine.jobs import Job
-from batchwright.engine.runtime import Engine
-from batchwright.engine.types import GenRequest, GenResult
+from batchwright.engine.engine import Engine
+from batchwright.engine.requests.jobs import Job
+from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.protocol.completions import KNOWN_PARAMS, check_completion_body
 from batchwright.registry import Registry
 

@@ -13,15 +13,15 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from batchwright.engine.sample_step import (
+from batchwright.engine.sampling.params import BatchSampler, RowParams, update_counts
+from batchwright.engine.sampling.sample_step import (
     _PER_NAT,
     greedy_step,
     make_tables,
     plain_step,
     sample_step,
 )
-from batchwright.engine.sampler import Sampler
-from batchwright.engine.sampling import BatchSampler, RowParams, update_counts
+from batchwright.engine.sampling.sampler import Sampler
 
 CPU = torch.device("cpu")
 

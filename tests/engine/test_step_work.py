@@ -11,9 +11,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from batchwright.engine import backends, scheduler
-from batchwright.engine.demo import build_demo_model
-from batchwright.engine.types import GenRequest
+from batchwright.engine.attention import backends
+from batchwright.engine.loading.demo import build_demo_model
+from batchwright.engine.requests.types import GenRequest
+from batchwright.engine.scheduling import scheduler
 
 # Ops that read device data on the host: each is a sync on CUDA.
 _READS = {"aten::is_nonzero", "aten::item", "aten::_local_scalar_dense", "aten::nonzero"}

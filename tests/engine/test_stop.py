@@ -9,8 +9,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from batchwright.engine.demo import _corpus_lines, build_tokenizer
-from batchwright.engine.stop import StopChecker
+from batchwright.engine.loading.demo import _corpus_lines, build_tokenizer
+from batchwright.engine.text.stop import StopChecker
 
 Decode = Callable[[list[int]], str]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from batchwright.engine.result import top_dict
+from batchwright.engine.output.result import top_dict
 
 
 def _fragments(engine: Any) -> list[int]:

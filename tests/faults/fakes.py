@@ -15,7 +15,7 @@ class FakeEngine:
         self.delay = delay
 
     def run(self, requests: Iterable[Any], cancelled: Any = None) -> Iterator[Any]:
-        from batchwright.engine.types import GenResult
+        from batchwright.engine.requests.types import GenResult
 
         for req in requests:
             time.sleep(self.delay)

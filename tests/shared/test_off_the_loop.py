@@ -26,7 +26,7 @@ class CountingEngine:
         self.produced = 0
 
     def run(self, requests: Iterable[Any], **_: Any) -> Iterator[Any]:
-        from batchwright.engine.types import GenResult
+        from batchwright.engine.requests.types import GenResult
 
         for req in requests:
             self.produced += 1

@@ -1,5 +1,5 @@
 """Generation engine. Importing this package imports torch: never from the API process.
 
-Entry point: `batchwright.engine.runtime.Engine` (`Engine.load(spec)`, `engine.run(requests)`).
+Entry point: `batchwright.engine.engine.Engine` (`Engine.load(spec)`, `engine.run(requests)`).
 Semantics and batching design: docs/engine.md.
 """

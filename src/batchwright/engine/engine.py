@@ -8,24 +8,24 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from batchwright.engine.attention import PLAN_KWARG, Step, planned
-from batchwright.engine.chat import build_chat_result, prepare_chat
-from batchwright.engine.compiled import Compiled, compile_on
-from batchwright.engine.grammar import Grammars
-from batchwright.engine.host_memory import freeze_heap
-from batchwright.engine.jobs import Job, PromptScores, prepare
-from batchwright.engine.loader import LoadedModel, load_model
-from batchwright.engine.paged import PagedCache, block_size_for, pool_blocks
-from batchwright.engine.result import build_result
-from batchwright.engine.scheduler import Scheduler
-from batchwright.engine.stop import IncrementalText, StreamText
-from batchwright.engine.token_keys import TokenKeys
-from batchwright.engine.types import GenRequest, GenResult
+from batchwright.engine.attention.interface import PLAN_KWARG, Step, planned
+from batchwright.engine.kv.paged import PagedCache, block_size_for, pool_blocks
+from batchwright.engine.loading.loader import LoadedModel, load_model
+from batchwright.engine.output.result import build_result
+from batchwright.engine.platform.compiled import Compiled, compile_on
+from batchwright.engine.platform.host_memory import freeze_heap
+from batchwright.engine.requests.chat import build_chat_result, prepare_chat
+from batchwright.engine.requests.jobs import Job, PromptScores, prepare
+from batchwright.engine.requests.types import GenRequest, GenResult
+from batchwright.engine.sampling.grammar import Grammars
+from batchwright.engine.scheduling.scheduler import Scheduler
+from batchwright.engine.text.stop import IncrementalText, StreamText
+from batchwright.engine.text.token_keys import TokenKeys
 from batchwright.protocol.endpoints import CHAT, endpoint_of
 from batchwright.registry import ModelSpec
 
 if TYPE_CHECKING:
-    from batchwright.engine.online import OnlineFeed
+    from batchwright.engine.scheduling.lane import OnlineFeed
 
 # Top-k over the prompt's positions is computed in slices of this many positions so the
 # float32 log-softmax of a long prompt never materialises at once.

@@ -14,11 +14,11 @@ from typing import Any, Protocol
 
 import torch
 
-from batchwright.engine.attention import Step
-from batchwright.engine.jobs import Job, PromptScores
-from batchwright.engine.loader import LoadedModel
-from batchwright.engine.paged import PagedCache
-from batchwright.engine.types import GenRequest, GenResult
+from batchwright.engine.attention.interface import Step
+from batchwright.engine.kv.paged import PagedCache
+from batchwright.engine.loading.loader import LoadedModel
+from batchwright.engine.requests.jobs import Job, PromptScores
+from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.registry import ModelSpec
 
 

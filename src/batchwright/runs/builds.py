@@ -29,14 +29,14 @@ def first_use_builds(spec: ModelSpec) -> list[Build]:
 
 
 def _demo_model(spec: ModelSpec) -> bool:
-    from batchwright.engine.demo import ensure_demo_model
+    from batchwright.engine.loading.demo import ensure_demo_model
 
     ensure_demo_model(spec.path)
     return True
 
 
 def _kernel() -> bool:
-    from batchwright.engine.native import paged_attention_kernel
+    from batchwright.engine.attention.native import paged_attention_kernel
 
     return paged_attention_kernel() is not None
 

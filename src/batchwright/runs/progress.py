@@ -24,7 +24,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from batchwright.engine.types import GenRequest, GenResult
+from batchwright.engine.requests.types import GenRequest, GenResult
 
 # Rates are measured over this trailing window, so the ETA follows the current pace.
 WINDOW_SECONDS = 20.0

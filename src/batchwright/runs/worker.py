@@ -20,7 +20,7 @@ from batchwright.worker import runner
 from batchwright.worker.dispatch import FINALIZE, PROCESS, VALIDATE, InlineDispatcher
 
 if TYPE_CHECKING:
-    from batchwright.engine.runtime import Engine
+    from batchwright.engine.engine import Engine
 
 
 class InlineWorker:

@@ -15,7 +15,7 @@ from sqlalchemy import bindparam, select, update
 from batchwright.config import Settings
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.db.session import session_scope
-from batchwright.engine.types import GenRequest
+from batchwright.engine.requests.types import GenRequest
 from batchwright.worker import budget, fairshare, metrics, newcomers
 from batchwright.worker.budget import is_out_of_memory
 from batchwright.worker.cancels import CancelWatch

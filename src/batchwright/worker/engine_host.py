@@ -24,11 +24,11 @@ from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
-from batchwright.engine.types import WAKE, GenRequest, GenResult
+from batchwright.engine.requests.types import WAKE, GenRequest, GenResult
 from batchwright.worker.claims import is_out_of_memory
 
 if TYPE_CHECKING:
-    from batchwright.engine.runtime import Engine
+    from batchwright.engine.engine import Engine
     from batchwright.worker.online import OnlineWork
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from typing import Any
 from sqlalchemy.exc import OperationalError
 
 from batchwright.config import Settings
-from batchwright.engine.types import GenRequest, GenResult
+from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.worker import budget, metrics
 from batchwright.worker.dispatch import get_dispatcher
 

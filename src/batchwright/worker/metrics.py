@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from batchwright.engine.types import GenResult
+from batchwright.engine.requests.types import GenResult
 from batchwright.worker.heartbeat import STATS
 
 if TYPE_CHECKING:
-    from batchwright.engine.runtime import Engine
+    from batchwright.engine.engine import Engine
 
 LINES = Counter("batchwright_worker_lines_total", "Lines finished", ["model", "outcome"])
 PROMPT_TOKENS = Counter("batchwright_worker_prompt_tokens_total", "Prompt tokens", ["model"])

@@ -27,7 +27,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
 from batchwright.config import Settings
-from batchwright.engine.types import GenRequest, GenResult
+from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.protocol.chat import chat_id
 from batchwright.relay.factory import worker_relay
 from batchwright.relay.messages import (
@@ -40,7 +40,7 @@ from batchwright.relay.worker_side import Taken, WorkerEvent
 from batchwright.worker import metrics
 
 if TYPE_CHECKING:
-    from batchwright.engine.runtime import Engine
+    from batchwright.engine.engine import Engine
 
 log = logging.getLogger(__name__)
 

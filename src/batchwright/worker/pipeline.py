@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from batchwright.db.session import session_scope
-from batchwright.engine.types import GenRequest, GenResult
+from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.worker import metrics
 from batchwright.worker.results import write_results
 

@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 
 from batchwright.db.base import now
 from batchwright.db.models import Batch, BatchRequest, Completion
-from batchwright.engine.types import GenResult
+from batchwright.engine.requests.types import GenResult
 from batchwright.worker.dispatch import FINALIZE, enqueue
 
 _UNFINISHED = ("queued", "running")

@@ -15,7 +15,7 @@ from batchwright.worker.claims import Lease, is_out_of_memory
 from batchwright.worker.dispatch import FINALIZE, PROCESS, get_dispatcher
 
 if TYPE_CHECKING:
-    from batchwright.engine.runtime import Engine
+    from batchwright.engine.engine import Engine
     from batchwright.worker.engine_host import EngineHost
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ def engine_for(spec: ModelSpec) -> Engine:
 
 def _load(spec: ModelSpec) -> Engine:
     if spec.name not in _engines:
-        from batchwright.engine.runtime import Engine
+        from batchwright.engine.engine import Engine
 
         # A worker holds only the models it was started with (--models), each loaded once.
         _engines[spec.name] = Engine.load(spec)

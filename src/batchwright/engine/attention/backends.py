@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from batchwright.engine.native import paged_attention_kernel
+from batchwright.engine.attention.native import paged_attention_kernel
 
 
 @dataclass(eq=False)

@@ -29,8 +29,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from batchwright.engine import backends, prefix_attention
-from batchwright.engine.paged import PagedCache
+from batchwright.engine.attention import backends, prefix_attention
+from batchwright.engine.kv.paged import PagedCache
 
 NAME = "batchwright"
 # Attention variants some architectures pass per layer that this implementation lacks.

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from batchwright.engine import backends
+from batchwright.engine.attention import backends
 
 
 @dataclass(eq=False)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from batchwright.engine.intake import Unit
-from batchwright.engine.paged import PagedCache
-from batchwright.engine.prefix import PrefixBlocks, first_blocks, prefix_blocks
-from batchwright.engine.prefix_attention import CachedPrompts
-from batchwright.engine.prefix_attention import plan as plan_cached
-from batchwright.engine.slots import Slots
+from batchwright.engine.attention.prefix_attention import CachedPrompts
+from batchwright.engine.attention.prefix_attention import plan as plan_cached
+from batchwright.engine.kv.paged import PagedCache
+from batchwright.engine.kv.prefix import PrefixBlocks, first_blocks, prefix_blocks
+from batchwright.engine.runner.slots import Slots
+from batchwright.engine.scheduling.intake import Unit
 
 
 @dataclass(eq=False)

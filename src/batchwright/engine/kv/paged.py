@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from batchwright.engine.blocks import SCRATCH, BlockAllocator
+from batchwright.engine.kv.blocks import SCRATCH, BlockAllocator
 
 # Tokens per block. FlashAttention's paged kernel (CUDA) wants multiples of 256. On CPU
 # the native kernel waits on memory at every jump to another block: 16-token blocks made

@@ -25,12 +25,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from batchwright.engine.blocks import SCRATCH, BlockAllocator, OutOfBlocks
-from batchwright.engine.paged import PagedCache
+from batchwright.engine.kv.blocks import SCRATCH, BlockAllocator, OutOfBlocks
+from batchwright.engine.kv.paged import PagedCache
 from batchwright.registry import ModelSpec
 
 if TYPE_CHECKING:
-    from batchwright.engine.intake import Unit
+    from batchwright.engine.scheduling.intake import Unit
 
 Key = tuple[int, ...]
 

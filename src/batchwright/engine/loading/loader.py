@@ -15,12 +15,13 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from batchwright.engine import attention, backends
-from batchwright.engine.demo import ensure_demo_model
-from batchwright.engine.device import use
-from batchwright.engine.host_memory import tune_malloc
-from batchwright.engine.native import paged_attention_kernel
-from batchwright.engine.packing import pack
+from batchwright.engine.attention import backends
+from batchwright.engine.attention import interface as attention
+from batchwright.engine.attention.native import paged_attention_kernel
+from batchwright.engine.loading.demo import ensure_demo_model
+from batchwright.engine.loading.packing import pack
+from batchwright.engine.platform.device import use
+from batchwright.engine.platform.host_memory import tune_malloc
 from batchwright.registry import DEMO_MODEL, ModelSpec
 
 log = logging.getLogger(__name__)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from batchwright.engine.jobs import Decode, Job, Seq
-from batchwright.engine.types import GenResult
+from batchwright.engine.requests.jobs import Decode, Job, Seq
+from batchwright.engine.requests.types import GenResult
 from batchwright.protocol.completions import (
     Completion,
     CompletionChoice,

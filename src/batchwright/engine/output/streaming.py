@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from batchwright.engine.jobs import Job, Seq
+from batchwright.engine.output.result import LogprobsBuilder, choice_text, kept_tokens
 from batchwright.engine.parts import Text
-from batchwright.engine.result import LogprobsBuilder, choice_text, kept_tokens
+from batchwright.engine.requests.jobs import Job, Seq
 
 Delta = dict[str, Any]
 

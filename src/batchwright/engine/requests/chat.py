@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from batchwright.engine.jobs import Decode, Job, bad_request, build_job
-from batchwright.engine.result import (
+from batchwright.engine.output.result import (
     TokenText,
     choice_text,
     generated_ids,
     kept_tokens,
     result_usage,
 )
-from batchwright.engine.types import GenRequest, GenResult
+from batchwright.engine.requests.jobs import Decode, Job, bad_request, build_job
+from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.protocol.chat import (
     ChatChoice,
     ChatCompletion,

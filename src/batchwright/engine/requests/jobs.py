@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchwright.engine.sampling import RowParams
-from batchwright.engine.stop import StopChecker
-from batchwright.engine.types import GenRequest, GenResult
+from batchwright.engine.requests.types import GenRequest, GenResult
+from batchwright.engine.sampling.params import RowParams
+from batchwright.engine.text.stop import StopChecker
 from batchwright.protocol.completions import CompletionRequest, check_completion_body
 
 Decode = Callable[[list[int]], str]

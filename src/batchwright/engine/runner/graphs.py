@@ -30,8 +30,8 @@ from typing import Protocol
 
 import torch
 
-from batchwright.engine.device import on, stream
-from batchwright.engine.sampler import Sampler
+from batchwright.engine.platform.device import on, stream
+from batchwright.engine.sampling.sampler import Sampler
 from batchwright.registry import ModelSpec
 
 log = logging.getLogger(__name__)

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from batchwright.engine.admission import Placement
-from batchwright.engine.backends import gather
-from batchwright.engine.paged import PagedCache
+from batchwright.engine.attention.backends import gather
+from batchwright.engine.kv.manager import Placement
+from batchwright.engine.kv.paged import PagedCache
 from batchwright.engine.parts import ForwardLast
-from batchwright.engine.slots import Slots
+from batchwright.engine.runner.slots import Slots
 
 
 def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import torch
 
-from batchwright.engine.jobs import Seq
-from batchwright.engine.paged import PagedCache
+from batchwright.engine.kv.paged import PagedCache
+from batchwright.engine.requests.jobs import Seq
 
 # Row counts a CUDA step runs at (a captured graph per bucket); above the last, max_rows.
 BUCKETS = (8, 16, 32, 64, 128, 256)

@@ -63,8 +63,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from batchwright.engine.compiled import Compiled
-from batchwright.engine.sample_step import (
+from batchwright.engine.platform.compiled import Compiled
+from batchwright.engine.sampling.params import TEMPERATURE_EPSILON, RowParams, StepOut
+from batchwright.engine.sampling.sample_step import (
     _BELOW_ONE,
     _RING,
     greedy_step,
@@ -72,7 +73,6 @@ from batchwright.engine.sample_step import (
     plain_step,
     sample_step,
 )
-from batchwright.engine.sampling import TEMPERATURE_EPSILON, RowParams, StepOut
 
 # Top logprobs a step packs when no row wants more: /v1/completions' `logprobs` maximum.
 _NARROW_TOP = 5

@@ -17,10 +17,10 @@ from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
 
-from batchwright.engine.grammar import grammar_error
-from batchwright.engine.jobs import Job, Seq, bad_request
 from batchwright.engine.parts import Requests
-from batchwright.engine.types import WAKE, GenRequest, GenResult
+from batchwright.engine.requests.jobs import Job, Seq, bad_request
+from batchwright.engine.requests.types import WAKE, GenRequest, GenResult
+from batchwright.engine.sampling.grammar import grammar_error
 
 # Requests read ahead, in multiples of max_rows: longest-first admission needs a window
 # wider than the batch to keep the end of a file from draining on a few long rows

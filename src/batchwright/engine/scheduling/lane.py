@@ -19,16 +19,16 @@ from __future__ import annotations
 from collections.abc import Generator, Set
 from typing import Any, Protocol
 
-from batchwright.engine import preempt
-from batchwright.engine.grammar import grammar_error
-from batchwright.engine.intake import Intake, Unit, units_of
-from batchwright.engine.jobs import bad_request
-from batchwright.engine.paged import PagedCache
+from batchwright.engine.kv.paged import PagedCache
+from batchwright.engine.output.streaming import Delta, JobStream
 from batchwright.engine.parts import Parts
-from batchwright.engine.sampler import Sampler
-from batchwright.engine.slots import Slots
-from batchwright.engine.streaming import Delta, JobStream
-from batchwright.engine.types import GenRequest, GenResult
+from batchwright.engine.requests.jobs import bad_request
+from batchwright.engine.requests.types import GenRequest, GenResult
+from batchwright.engine.runner.slots import Slots
+from batchwright.engine.sampling.grammar import grammar_error
+from batchwright.engine.sampling.sampler import Sampler
+from batchwright.engine.scheduling import preempt
+from batchwright.engine.scheduling.intake import Intake, Unit, units_of
 
 
 class OnlineFeed(Protocol):

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from batchwright.engine.intake import Intake
-from batchwright.engine.jobs import Job, Seq, row_rng
-from batchwright.engine.sampler import Sampler
-from batchwright.engine.slots import Slots
-from batchwright.engine.stop import StopChecker
+from batchwright.engine.requests.jobs import Job, Seq, row_rng
+from batchwright.engine.runner.slots import Slots
+from batchwright.engine.sampling.sampler import Sampler
+from batchwright.engine.scheduling.intake import Intake
+from batchwright.engine.text.stop import StopChecker
 
 
 def restart(job: Job) -> Job:

@@ -23,23 +23,23 @@ from typing import Any
 
 import torch
 
-from batchwright.engine import prefix
-from batchwright.engine.admission import Placement, cached_prompts, place
-from batchwright.engine.attention import Step, decode_runs, fixed_runs
-from batchwright.engine.backends import VarlenArgs
-from batchwright.engine.compiled import compile_on
-from batchwright.engine.device import ReadBack, on
-from batchwright.engine.grammar import RowGrammars
-from batchwright.engine.graphs import DecodeGraphs, capture_for, graphs_on
-from batchwright.engine.intake import Intake, Unit
-from batchwright.engine.jobs import Seq
-from batchwright.engine.online import Lane, OnlineFeed
-from batchwright.engine.padded import padded_decode, padded_prefill
+from batchwright.engine.attention.backends import VarlenArgs
+from batchwright.engine.attention.interface import Step, decode_runs, fixed_runs
+from batchwright.engine.kv import prefix
+from batchwright.engine.kv.manager import Placement, cached_prompts, place
 from batchwright.engine.parts import Parts
-from batchwright.engine.sampler import Sampler
-from batchwright.engine.sampling import StepOut
-from batchwright.engine.slots import Slots
-from batchwright.engine.types import GenRequest, GenResult
+from batchwright.engine.platform.compiled import compile_on
+from batchwright.engine.platform.device import ReadBack, on
+from batchwright.engine.requests.jobs import Seq
+from batchwright.engine.requests.types import GenRequest, GenResult
+from batchwright.engine.runner.graphs import DecodeGraphs, capture_for, graphs_on
+from batchwright.engine.runner.padded import padded_decode, padded_prefill
+from batchwright.engine.runner.slots import Slots
+from batchwright.engine.sampling.grammar import RowGrammars
+from batchwright.engine.sampling.params import StepOut
+from batchwright.engine.sampling.sampler import Sampler
+from batchwright.engine.scheduling.intake import Intake, Unit
+from batchwright.engine.scheduling.lane import Lane, OnlineFeed
 
 Cancelled = Callable[[], AbstractSet[Any]]
 

@@ -1,0 +1,2 @@
+"""Loading a model: transformers' loader, support checks, the fingerprint, packed
+projections and the demo model."""

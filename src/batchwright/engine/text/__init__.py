@@ -1,0 +1,1 @@
+"""Token ids as text: incremental detokenising, stop matching, token keys for logprobs."""
