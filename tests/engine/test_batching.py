@@ -13,8 +13,9 @@ import torch
 from batchwright.engine.attention.interface import decode_runs
 from batchwright.engine.attention.native import paged_attention_kernel
 from batchwright.engine.loading.demo import build_demo_model
-from batchwright.engine.sampling.params import BatchSampler, RowParams, _nucleus_floor
+from batchwright.engine.sampling.params import RowParams
 from tests.engine.conftest import Direct
+from tests.engine.oracle import BatchSampler, _nucleus_floor
 
 
 def _mixed_bodies(vocab: int, eos: set[int], count: int) -> list[dict[str, Any]]:

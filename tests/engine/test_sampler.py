@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from batchwright.engine.sampling.params import BatchSampler, RowParams, update_counts
+from batchwright.engine.sampling.params import RowParams
 from batchwright.engine.sampling.sample_step import (
     _PER_NAT,
     greedy_step,
@@ -22,6 +22,7 @@ from batchwright.engine.sampling.sample_step import (
     sample_step,
 )
 from batchwright.engine.sampling.sampler import Sampler
+from tests.engine.oracle import BatchSampler, update_counts
 
 CPU = torch.device("cpu")
 

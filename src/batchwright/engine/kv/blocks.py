@@ -2,8 +2,9 @@
 
 A block holds `block_size` tokens' keys and values in every layer (paged.py owns the
 memory; this module only hands out block numbers). A block may be referenced by several
-rows: the `n`/`best_of` candidates of one prompt share its full prompt blocks, and shared
-prefixes will share theirs the same way. A block returns to the free list when its last
+rows: the `n`/`best_of` candidates of one prompt share its full prompt blocks, and rows
+whose prompts start alike share a cached prefix's (prefix.py, whose allocator keeps such
+blocks indexed after their rows end). A block returns to the free list when its last
 reference goes. Block 0 is never handed out: rows with nothing to write (dead slots of a
 fixed-shape step) write there.
 """

@@ -8,7 +8,7 @@ the device block table `[max_rows, max_blocks]` maps a slot's token i to block
 allocated when it is admitted, for its prompt plus the most tokens it may generate, so
 the step never waits on the host to extend a table; finished rows release theirs at
 once. `n`/`best_of` candidates share their prompt's full blocks (a partial last block is
-copied per candidate), which is also how shared prefixes will be reused.
+copied per candidate), as rows share a cached prefix's blocks (prefix.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The tensor work of one sampling step, as pure functions (see sampler.py for the design).
 
 `sample_step` is the one fixed graph; `greedy_step` and `plain_step` are CPU shortcuts for
-batches without sampled rows. All run under torch.compile(fullgraph=True).
+batches without sampled rows. All three end in `_finish` (state updates, the packed
+result) and run under torch.compile(fullgraph=True).
 """
 
 from __future__ import annotations
@@ -83,25 +84,32 @@ def masked(
 def _finish(
     token: torch.Tensor,
     raw: torch.Tensor,
-    top: torch.Tensor,
+    top: torch.Tensor | None,
     offset: torch.Tensor,
     counts: torch.Tensor,
     presence: torch.Tensor,
     frequency: torch.Tensor,
     cursor: torch.Tensor,
     tables: Tables,
+    k_top: int,
 ) -> torch.Tensor:
-    """State updates after the draw, and the packed result: logprobs (`raw`) read at the
-    chosen token and at the top-k ids `top`."""
-    # Penalties count the generated token: frequency each time, presence the first time
-    # (both stored negated and divided by the temperature, like the offset).
-    # index_put_ rather than scatter_add_: compiled, a scatter into an input is done on a
-    # copy of the whole [B, vocab] state and copied back; index_put_ is done in place.
-    at = (tables.rows[: len(token)], token[:, 0])
-    seen = counts[at]
-    offset.index_put_(at, torch.addcmul(frequency, presence, seen == 0), accumulate=True)
-    counts.index_put_(at, tables.ones[: len(token)], accumulate=True)
+    """The end of every variant: state updates after the draw, and the packed result,
+    logprobs (`raw`) read at the chosen token and at the top-k ids `top`. `top` None:
+    `plain_step`'s rows, whose penalty state is never read and whose top-k is not wanted
+    (zeros packed in their place)."""
+    if top is not None:
+        # Penalties count the generated token: frequency each time, presence the first
+        # time (both stored negated and divided by the temperature, like the offset).
+        # index_put_ rather than scatter_add_: compiled, a scatter into an input is done on
+        # a copy of the whole [B, vocab] state and copied back; index_put_ is in place.
+        at = (tables.rows[: len(token)], token[:, 0])
+        seen = counts[at]
+        offset.index_put_(at, torch.addcmul(frequency, presence, seen == 0), accumulate=True)
+        counts.index_put_(at, tables.ones[: len(token)], accumulate=True)
     cursor.add_(1)
+    if top is None:
+        none = raw.new_zeros(len(raw), k_top)
+        return torch.cat([token.float(), none, raw.gather(1, token), none], 1)
     ids = torch.cat([token, top], 1)
     return torch.cat([ids.float(), raw.gather(1, ids)], 1)
 
@@ -178,7 +186,7 @@ def sample_step(
     goal = torch.minimum(goal, wc[:, -1:] * _BELOW_ONE).clamp_(min=0.0)
     token = ids.gather(1, torch.searchsorted(wc, goal, right=True))
     token = torch.where(greedy[:, None], cand_ids[:, :1], token)
-    return _finish(token, raw, top, offset, counts, presence, frequency, cursor, tables)
+    return _finish(token, raw, top, offset, counts, presence, frequency, cursor, tables, k_top)
 
 
 def greedy_step(
@@ -202,7 +210,7 @@ def greedy_step(
     top = logits.topk(k_top, dim=-1).indices
     # max() rather than argmax(): the same first maximal index, faster on CPU.
     token = masked(offset + logits, allow, tables).max(dim=-1, keepdim=True).indices
-    return _finish(token, raw, top, offset, counts, presence, frequency, cursor, tables)
+    return _finish(token, raw, top, offset, counts, presence, frequency, cursor, tables, k_top)
 
 
 def plain_step(
@@ -224,6 +232,4 @@ def plain_step(
     and its logprob (their counts and offsets are never read, so they stay)."""
     raw = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
     token = masked(logits, allow, tables, fresh=False).max(dim=-1, keepdim=True).indices
-    cursor.add_(1)
-    none = raw.new_zeros(len(raw), k_top)
-    return torch.cat([token.float(), none, raw.gather(1, token), none], 1)
+    return _finish(token, raw, None, offset, counts, presence, frequency, cursor, tables, k_top)

@@ -26,10 +26,11 @@ uniform rings (one host-to-device copy). The core,
 `torch.compile(fullgraph=True)` (tested on CPU); `Sampler(compile=True)` uses it
 compiled. Eager is the default: compile time is paid per engine and per row count.
 
-Semantics are BatchSampler's (sampling.py): logprobs from the raw logits; penalties and
-logit_bias, then temperature; top_p; one uniform per step per sampled row from the row's
-own generator (pre-drawn into a per-slot ring on the device), inverse CDF over the kept
-tokens in vocabulary order. So a seeded row draws the same tokens whatever shares the
+Semantics are BatchSampler's (the sampler before this one, now the tests' oracle:
+tests/engine/oracle.py): logprobs from the raw logits; penalties and logit_bias, then
+temperature; top_p; one uniform per step per sampled row from the row's own generator
+(pre-drawn into a per-slot ring on the device), inverse CDF over the kept tokens in
+vocabulary order. So a seeded row draws the same tokens whatever shares the
 batch, and the same tokens as BatchSampler did (wide nuclei aside, below).
 Temperatures below TEMPERATURE_EPSILON are greedy (1 / 1e-45 overflows float32).
 
