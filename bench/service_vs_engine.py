@@ -87,6 +87,7 @@ def main() -> None:
     from batchwright.engine.engine import Engine
     from batchwright.engine.requests.types import GenRequest
     from batchwright.registry import ModelSpec, Registry
+    from batchwright.serving.lines import serve
     from batchwright.worker import runner
     from batchwright.worker.claims import Lease
     from batchwright.worker.results import write_results
@@ -130,7 +131,7 @@ def main() -> None:
                 settings = runner.get_settings()
                 with Lease("demo", settings, runner.SHUTDOWN) as lease:
                     buffer = []
-                    for result in engine.run(lease.requests()):
+                    for result in serve(engine, lease.requests()):
                         buffer.append(result)
                         if len(buffer) >= 32:
                             with session_scope() as session:

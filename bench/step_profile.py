@@ -46,10 +46,10 @@ from _step_counts import PROF, Counts, counting_compiled, launches_of, profiled
 from batchwright.engine.attention import backends
 from batchwright.engine.engine import Engine
 from batchwright.engine.loading.demo import EOS_TOKEN, build_tokenizer
+from batchwright.engine.output.processor import OutputProcessor
 from batchwright.engine.requests.types import GenRequest
-from batchwright.engine.runner import graphs
+from batchwright.engine.runner import graphs, model_runner
 from batchwright.engine.sampling.sampler import Sampler
-from batchwright.engine.scheduling import scheduler as sched_mod
 from batchwright.registry import ModelSpec
 
 
@@ -132,7 +132,7 @@ def force_cuda_path(engine: Engine) -> None:
     engine.attention_backend = "varlen"
     backends.VARLEN_IMPL = _stand_in
     # On CUDA every batch runs the one fixed sampling graph (the shortcuts are CPU's).
-    sched_mod.Sampler = functools.partial(Sampler, shortcut=False)  # type: ignore[misc]
+    model_runner.Sampler = functools.partial(Sampler, shortcut=False)  # type: ignore[misc]
 
 
 class _Profiled(Exception):
@@ -188,22 +188,20 @@ def profile_step(
     engine: Engine, reqs: list[dict[str, Any]], warm: int, graphs_on: bool = False
 ) -> Counts:
     """Counts of one decode step with no admission, `warm` such steps after the last
-    admission. Python calls made while the host records each row's token (`_push`:
-    detokenising, stop matching, results; per row by nature) are counted apart."""
+    admission. Python calls made while the host records each row's token (the output
+    processor's `record`: detokenising, stop matching, results; per row by nature) are
+    counted apart."""
     counts = Counts()
-    cls = sched_mod.Scheduler
+    cls = model_runner.ModelRunner
     orig = cls._step
-    orig_push = cls._push
-    orig_init = cls.__init__
+    orig_push = OutputProcessor.record
     seen = {"decode": 0, "done": False}
     cuda = engine.lm.device.type == "cuda"
-
-    def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        engine.spec.cuda_graphs = graphs_on
-        try:
-            orig_init(self, *args, **kwargs)
-        finally:
-            engine.spec.cuda_graphs = None
+    engine.spec.cuda_graphs = graphs_on
+    try:
+        engine.new_runner()
+    finally:
+        engine.spec.cuda_graphs = None
 
     def push(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not _ACTIVE:
@@ -254,9 +252,8 @@ def profile_step(
             if _ACTIVE:
                 _ACTIVE[0].sampling += _ACTIVE[0].total_ops - before
 
-    cls.__init__ = init  # type: ignore[method-assign]
     cls._step = step  # type: ignore[method-assign]
-    cls._push = push  # type: ignore[method-assign]
+    OutputProcessor.record = push  # type: ignore[method-assign]
     Sampler.step = sample  # type: ignore[method-assign]
     try:
         with ExitStack() as stack:
@@ -268,9 +265,8 @@ def profile_step(
     except _Profiled:
         pass
     finally:
-        cls.__init__ = orig_init  # type: ignore[method-assign]
         cls._step = orig  # type: ignore[method-assign]
-        cls._push = orig_push  # type: ignore[method-assign]
+        OutputProcessor.record = orig_push  # type: ignore[method-assign]
         Sampler.step = orig_sample  # type: ignore[method-assign]
     return counts
 

@@ -35,6 +35,7 @@ from batchwright.engine.loading.demo import ensure_demo_model
 from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.engine.sampling import grammar, sample_step
 from batchwright.registry import ModelSpec
+from batchwright.serving.lines import serve
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     # Nested objects.
@@ -181,7 +182,7 @@ def run(
             body["max_tokens"] = lengths[i]
         reqs.append(GenRequest(i, body))
     t = time.perf_counter()
-    results = list(engine.run(reqs))
+    results = list(serve(engine, reqs))
     return time.perf_counter() - t, results
 
 

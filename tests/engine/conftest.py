@@ -14,6 +14,7 @@ from batchwright.engine.engine import Engine
 from batchwright.engine.loading.demo import build_demo_model
 from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.registry import ModelSpec
+from batchwright.serving.lines import serve
 
 
 @pytest.fixture(scope="session")
@@ -58,7 +59,7 @@ class Runner:
         self, bodies: Iterable[dict[str, Any]], engine: Engine | None = None
     ) -> list[GenResult]:
         reqs = [GenRequest(i, {"model": "test", **b}) for i, b in enumerate(bodies)]
-        results = {r.key: r for r in (engine or self.engine).run(reqs)}
+        results = {r.key: r for r in serve(engine or self.engine, reqs)}
         assert sorted(results) == list(range(len(reqs)))
         return [results[i] for i in range(len(reqs))]
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from batchwright.engine.engine import Engine
 from batchwright.engine.requests.types import GenRequest, GenResult
+from batchwright.serving.lines import serve
 
 # EOS pushed out of reach so every row runs its full max_tokens unless cancelled.
 _BODY = {"model": "test", "max_tokens": 120, "temperature": 0, "logit_bias": {}}
@@ -33,7 +34,7 @@ class Hook:
 
 
 def _run(engine: Engine, reqs: list[GenRequest], hook: Callable[[], set[Any]] | None) -> Any:
-    return {r.key: r for r in engine.run(reqs, cancelled=hook)}
+    return {r.key: r for r in serve(engine, reqs, cancelled=hook)}
 
 
 def _texts(results: dict[Any, GenResult]) -> dict[Any, Any]:

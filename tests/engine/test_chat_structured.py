@@ -21,6 +21,7 @@ import pytest
 from batchwright.engine.engine import Engine
 from batchwright.engine.loading.demo import TEMPLATE_FILE, ensure_demo_model
 from batchwright.engine.requests.types import GenRequest, GenResult
+from batchwright.serving.lines import serve
 from tests.engine.conftest import Runner
 
 MESSAGES = [
@@ -151,14 +152,14 @@ def test_model_without_a_template_says_so(tmp_path: Path, demo_path: Path) -> No
     from batchwright.registry import ModelSpec
 
     engine = Engine.load(ModelSpec(name="bare", path=bare, max_rows=4))
-    (result,) = list(engine.run([GenRequest(0, {"model": "bare", **_chat()})]))
+    (result,) = list(serve(engine, [GenRequest(0, {"model": "bare", **_chat()})]))
     assert result.status_code == 400
     assert result.error is not None and result.error["param"] == "model"
     assert "no chat template" in result.error["message"]
     # A registry entry may name a template file instead.
     (bare / "my.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     named = Engine.load(ModelSpec(name="bare", path=bare, max_rows=4, chat_template="my.jinja"))
-    (ok,) = list(named.run([GenRequest(0, {"model": "bare", **_chat()})]))
+    (ok,) = list(serve(named, [GenRequest(0, {"model": "bare", **_chat()})]))
     assert ok.status_code == 200, ok.error
     assert ok.prompt_tokens == len(named._tok("".join(m["content"] for m in MESSAGES)).input_ids)
 
@@ -259,7 +260,7 @@ def test_a_line_waiting_for_its_grammar_holds_no_other(
     for i in range(6):
         feed.put(GenRequest(i, {"model": "t", **_chat(max_tokens=6, seed=i, temperature=1.0)}))
     feed.put(None)
-    runner = threading.Thread(target=lambda: [results.put(r) for r in engine.run(requests())])
+    runner = threading.Thread(target=lambda: [results.put(r) for r in serve(engine, requests())])
     runner.start()
     # Every plain line finishes while the constrained one still waits for its grammar.
     plain = {results.get(timeout=120).key for _ in range(6)}
@@ -291,7 +292,7 @@ def test_online_chat_with_a_schema(run: Runner, engine: Engine) -> None:
         }
     )
     batch = [GenRequest(i, {"model": "t", **_chat(max_tokens=30, seed=i)}) for i in range(4)]
-    results = {r.key: r for r in engine.run(batch, online=feed)}
+    results = {r.key: r for r in serve(engine, batch, online=feed)}
     assert results["bad"].status_code == 400
     assert results["bad"].error is not None and results["bad"].error["param"] == "response_format"
     for key in ("ok", "streamed"):

@@ -20,6 +20,7 @@ from batchwright.engine.loading.loader import choose_backend
 from batchwright.engine.platform import device
 from batchwright.engine.requests.types import GenRequest
 from batchwright.engine.runner import graphs
+from batchwright.serving.lines import serve
 
 CUDA1 = torch.device("cuda", 1)
 
@@ -83,7 +84,7 @@ def test_decode_only_steps_pass_no_causal_window(
         GenRequest(i, {"model": "t", "prompt": "hello there " * (i + 1), "max_tokens": 5})
         for i in range(6)
     ]
-    assert all(r.status_code == 200 for r in eng.run(reqs))
+    assert all(r.status_code == 200 for r in serve(eng, reqs))
     decode = {w for q, w in windows if q == 1}
     prefill = {w for q, w in windows if q > 1}
     assert decode == {(-1, -1)} and prefill == {(-1, 0)}

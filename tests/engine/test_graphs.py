@@ -22,7 +22,8 @@ from batchwright.engine.attention import backends
 from batchwright.engine.loading.demo import build_demo_model
 from batchwright.engine.requests.types import GenRequest
 from batchwright.engine.runner.graphs import KV_BUCKET_MIN, Body, DecodeGraphs, Replay, kv_bucket
-from batchwright.engine.scheduling.scheduler import Scheduler
+from batchwright.engine.runner.model_runner import ModelRunner
+from batchwright.serving.lines import serve
 
 # Ops that read a device value back, or whose output shape depends on data: a capture
 # fails on them (and any host-built tensor is a copy baked in at record time).
@@ -197,10 +198,10 @@ def test_captured_steps_replay_what_eager_steps_do(
         GenRequest(i, {"model": "t", **b}) for i, b in enumerate(_bodies(eng.lm.vocab_size, {2}))
     ]
 
-    def results(graphs: bool) -> tuple[dict[int, Any], VerifyingCapture, Scheduler]:
+    def results(graphs: bool) -> tuple[dict[int, Any], VerifyingCapture, ModelRunner]:
         eng.spec.cuda_graphs = graphs
         try:
-            sched = Scheduler(eng)
+            sched = eng.new_runner()
         finally:
             eng.spec.cuda_graphs = False
         sched.lag = lag
@@ -212,7 +213,7 @@ def test_captured_steps_replay_what_eager_steps_do(
             assert sched.graphs is None
             sched.slots.fixed, sched.sampler.shortcut = True, False
         out = {}
-        for r in sched.run(reqs, lambda: {7}):
+        for r in serve(eng, reqs, lambda: {7}):
             assert r.completion is not None, r.error
             out[r.key] = (r.completion["choices"], r.completion["usage"])
         assert sched.cache.alloc.used == 0

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from batchwright.engine.requests.types import GenRequest
+from batchwright.serving.lines import serve
 
 PROMPTS = [
     "The quick brown fox",
@@ -76,7 +77,7 @@ def test_run_reads_a_bounded_window_and_yields_early(make_engine: Any) -> None:
             )
 
     seen = []
-    for res in eng.run(source()):
+    for res in serve(eng, source()):
         seen.append((res.key, pulled))
     # A window of 2 x max_rows requests is read ahead, and the longest generations in it
     # (3 and 2) are admitted first: 2 finishes first, before the rest is read.

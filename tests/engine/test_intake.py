@@ -8,6 +8,7 @@ from typing import Any
 
 from batchwright.engine.engine import Engine
 from batchwright.engine.requests.types import GenRequest
+from batchwright.serving.lines import serve
 
 _END = object()
 
@@ -54,7 +55,7 @@ def test_a_request_arriving_while_rows_run_joins_them(
     feed = Feed()
     feed.put(GenRequest("first", _body(eos, 3)))
     keys = []
-    for result in engine.run(feed):
+    for result in serve(engine, feed):
         assert result.status_code == 200, result.error
         keys.append(result.key)
         if result.key == "first":
@@ -75,7 +76,7 @@ def test_a_small_group_starts_before_a_big_groups_window(
         feed.put(GenRequest(f"a{i}", _body(eos, 4), group="A"))
     feed.put(GenRequest("b0", _body(eos, 4), group="B"))
     feed.put(_END)
-    order = [r.key for r in engine.run(feed)]
+    order = [r.key for r in serve(engine, feed)]
     assert sorted(order) == ["a0", "a1", "a2", "b0"]
     assert "b0" in order[:2], order
 
@@ -86,7 +87,7 @@ def test_without_groups_the_window_runs_longest_first(
     engine = make_engine(max_rows=2)
     eos = min(engine.lm.eos_ids)
     reqs = [GenRequest(i, _body(eos, n)) for i, n in enumerate([2, 9, 2, 9])]
-    order = [r.key for r in engine.run(reqs)]
+    order = [r.key for r in serve(engine, reqs)]
     # Rows 1 and 3 (9 tokens) were admitted first; the short ones ran after them.
     assert set(order[:2]) == {1, 3}, order
 
@@ -111,7 +112,7 @@ def test_an_ordered_source_is_read_only_half_a_batch_ahead(
         for i in range(20):
             feed.put(GenRequest(i, _body(eos, 5)))
         feed.put(_END)
-        results = engine.run(feed)
+        results = serve(engine, feed)
         first = next(results)
         assert first.status_code == 200, first.error
         taken[type(feed).__name__] = 20 + 1 - feed.ready()  # the end marker is queued too

@@ -11,6 +11,7 @@ import pytest
 
 from batchwright.engine.engine import Engine
 from batchwright.engine.requests.types import GenRequest, GenResult
+from batchwright.serving.lines import serve
 
 EOS_BAN = {"0": -100}  # the demo tokenizer's <|endoftext|> is id 0
 
@@ -75,7 +76,7 @@ def _run(
     engine: Engine, batch: Iterable[GenRequest], feed: Feed | None = None, cancelled: Any = None
 ) -> dict[Any, GenResult]:
     out: dict[Any, GenResult] = {}
-    for r in engine.run(batch, cancelled=cancelled, online=feed):
+    for r in serve(engine, batch, cancelled=cancelled, online=feed):
         assert r.key not in out, f"{r.key} answered twice"
         out[r.key] = r
     return out
@@ -201,10 +202,8 @@ def test_online_requests_never_preempt_each_other(make_engine: Callable[..., Eng
 
 
 def test_reserved_rows_stay_free_of_batch_lines(make_engine: Callable[..., Engine]) -> None:
-    from batchwright.engine.scheduling.scheduler import Scheduler
-
     engine = make_engine(max_rows=4, online_rows=1)
-    sched = Scheduler(engine)
+    sched = engine.new_runner()
     batch_rows: list[int] = []
 
     class Watching(Feed):
@@ -214,7 +213,7 @@ def test_reserved_rows_stay_free_of_batch_lines(make_engine: Callable[..., Engin
             return super().take()
 
     feed = Watching({5: [_online(0, max_tokens=10)], 20: [_online(1, max_tokens=10)]})
-    keys = {r.key for r in sched.run(_batch(), online=feed)}
+    keys = {r.key for r in serve(engine, _batch(), online=feed)}
     assert len(keys) == 16
     assert max(batch_rows) == 3  # the batch filled every row but the reserved one
     # The reserved row took each online request at once: no batch line gave way.
@@ -333,8 +332,9 @@ def test_half_a_character_waits_for_the_rest(make_engine: Callable[..., Engine])
         return [int(tok.convert_tokens_to_ids(to_char[b])) for b in text.encode()]
 
     req = GenRequest("k", _body(0, max_tokens=20, logprobs=1, stop=["été!"]))
-    job = engine.prepare(req)
-    assert not isinstance(job, GenResult)
+    request = engine.prepare(req)
+    assert not isinstance(request, GenResult)
+    job = engine.start(request)
     seq = job.seqs[0]
     stream = ChoiceStream(engine, job, seq, 0)
     sent: list[str] = []

@@ -16,7 +16,7 @@ from batchwright.engine.kv.blocks import SCRATCH, BlockAllocator, OutOfBlocks
 from batchwright.engine.loading.demo import build_demo_model
 from batchwright.engine.requests.types import GenRequest
 from batchwright.engine.runner.slots import bucket
-from batchwright.engine.scheduling.scheduler import Scheduler
+from batchwright.serving.lines import serve
 from tests.engine.conftest import Direct
 
 # The native builds this CPU runs (torch's capability names the best of them).
@@ -200,12 +200,12 @@ def test_blocks_are_all_released(make_engine: Any, direct: Any) -> None:
     eng = make_engine(max_rows=6)
     bodies = _bodies(eng.lm.vocab_size, set(direct.eos), 10)
     reqs = [GenRequest(i, {"model": "t", **b, "n": 1 + i % 3}) for i, b in enumerate(bodies)]
-    sched = Scheduler(eng)
+    sched = eng.new_runner()
     alloc = sched.cache.alloc
-    assert len(list(sched.run(reqs))) == len(reqs)
+    assert len(list(serve(eng, reqs))) == len(reqs)
     assert alloc.used == 0
-    sched = Scheduler(eng)
-    gen = sched.run(reqs)
+    sched = eng.new_runner()
+    gen = serve(eng, reqs)
     next(gen)
     assert sched.cache.alloc.used > 0
     gen.close()
@@ -220,7 +220,7 @@ def test_cancelled_rows_leave_without_a_result(make_engine: Any, direct: Any) ->
     for i, b in enumerate(bodies):
         b["max_tokens"] = 3 + 2 * i
     reqs = [GenRequest(i, {"model": "t", **b}) for i, b in enumerate(bodies)]
-    plain = {r.key: r for r in eng.run(reqs)}
+    plain = {r.key: r for r in serve(eng, reqs)}
     cancel: set[int] = set()
     calls = 0
 
@@ -229,9 +229,9 @@ def test_cancelled_rows_leave_without_a_result(make_engine: Any, direct: Any) ->
         calls += 1
         return cancel
 
-    sched = Scheduler(eng)
+    sched = eng.new_runner()
     got = {}
-    for res in sched.run(reqs, cancelled):
+    for res in serve(eng, reqs, cancelled):
         got[res.key] = res
         if len(got) == 1:
             # One request surely running, and the last ones surely still waiting.
@@ -265,9 +265,9 @@ def test_host_one_step_behind_gives_the_same_results(make_engine: Any, direct: A
     reqs = [GenRequest(i, {"model": "t", **b}) for i, b in enumerate(bodies)]
 
     def results(lag: bool) -> dict[int, Any]:
-        sched = Scheduler(eng)
+        sched = eng.new_runner()
         sched.lag = lag
-        out = {r.key: r.completion for r in sched.run(reqs, lambda: {4})}
+        out = {r.key: r.completion for r in serve(eng, reqs, lambda: {4})}
         assert sched.cache.alloc.used == 0
         return out
 

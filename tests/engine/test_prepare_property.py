@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 from batchwright.batches.quotas import TokenCounter
 from batchwright.config import Settings
 from batchwright.engine.engine import Engine
-from batchwright.engine.requests.jobs import Job
-from batchwright.engine.requests.types import GenRequest, GenResult
+from batchwright.engine.requests.types import EngineRequest, GenRequest, GenResult
 from batchwright.protocol.completions import KNOWN_PARAMS, check_completion_body
 from batchwright.registry import Registry
 
@@ -97,7 +96,7 @@ def test_any_json_body_is_a_job_or_a_400(engine: Engine, changes: dict[str, Any]
         assert out.key == 7
         assert len(out.error["message"]) < 1000
     else:
-        assert isinstance(out, Job)
+        assert isinstance(out, EngineRequest)
         assert err is None, "the engine accepted what validation rejected"
 
 

@@ -14,7 +14,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from batchwright.engine.attention import backends
 from batchwright.engine.loading.demo import build_demo_model
 from batchwright.engine.requests.types import GenRequest
-from batchwright.engine.scheduling import scheduler
+from batchwright.engine.runner import model_runner
+from batchwright.serving.lines import serve
 
 # Ops that read device data on the host: each is a sync on CUDA.
 _READS = {"aten::is_nonzero", "aten::item", "aten::_local_scalar_dense", "aten::nonzero"}
@@ -47,7 +48,7 @@ def test_a_decode_forward_reads_nothing_back(
     monkeypatch.setattr(backends, "VARLEN_IMPL", backends.varlen_reference_op)
     eng = make_engine(max_rows=4, native_attention=False)
     eng.attention_backend = "varlen"
-    forward = eng.forward_step
+    forward = eng.forward.step
     modes: list[_Reads] = []
 
     def decode_forward(ids: Any, positions: Any, keep: Any, plan: Any) -> torch.Tensor:
@@ -57,8 +58,8 @@ def test_a_decode_forward_reads_nothing_back(
         with modes[-1]:
             return forward(ids, positions, keep, plan)
 
-    monkeypatch.setattr(eng, "forward_step", decode_forward)
-    assert all(r.status_code == 200 for r in eng.run(_requests(6)))
+    monkeypatch.setattr(eng.forward, "step", decode_forward)
+    assert all(r.status_code == 200 for r in serve(eng, _requests(6)))
     assert len(modes) > 3
     assert [m.seen for m in modes if m.seen] == []
 
@@ -72,8 +73,8 @@ def test_the_host_waits_for_a_step_only_to_move_rows(
     eng = make_engine(max_rows=6)
     reads: list[tuple[int, int]] = []  # (step read, steps launched by then)
     launched, moves = [0], [0]
-    orig_step, orig_host = scheduler.Scheduler._step, scheduler.Outputs.host
-    orig_compact = scheduler.Scheduler._compact
+    orig_step, orig_host = model_runner.ModelRunner._step, model_runner.Outputs.host
+    orig_compact = model_runner.ModelRunner.compact
 
     def step(self: Any, units: Any) -> Any:
         launched[0] += 1
@@ -91,12 +92,12 @@ def test_the_host_waits_for_a_step_only_to_move_rows(
         orig_compact(self)
         moves[0] += self.slots.top < before
 
-    monkeypatch.setattr(scheduler.Scheduler, "_step", step)
-    monkeypatch.setattr(scheduler.Outputs, "host", host)
-    monkeypatch.setattr(scheduler.Scheduler, "_compact", compact)
-    sched = scheduler.Scheduler(eng)
+    monkeypatch.setattr(model_runner.ModelRunner, "_step", step)
+    monkeypatch.setattr(model_runner.Outputs, "host", host)
+    monkeypatch.setattr(model_runner.ModelRunner, "compact", compact)
+    sched = eng.new_runner()
     sched.lag = True
-    assert len(list(sched.run(_requests(14, spread=23)))) == 14
+    assert len(list(serve(eng, _requests(14, spread=23)))) == 14
     # A read of the step launched last (none launched after it yet) is a wait.
     waits = sum(1 for number, by_then in reads if number == by_then)
     assert launched[0] > 10 and moves[0] > 0
@@ -115,7 +116,7 @@ def test_compiled_forward_gives_the_eager_text(
     for compiled in (False, True):
         eng = make_engine(path=path, max_rows=4, native_attention=False, torch_compile=compiled)
         eng.attention_backend = "varlen"
-        texts.append({r.key: r.completion["choices"][0]["text"] for r in eng.run(reqs)})
+        texts.append({r.key: r.completion["choices"][0]["text"] for r in serve(eng, reqs)})
         if compiled:
-            assert eng._compiled is not None and not eng._compiled.failed
+            assert eng.forward.compiled is not None and not eng.forward.compiled.failed
     assert texts[0] == texts[1]

@@ -1,35 +1,44 @@
-"""The engine the worker calls: `Engine.load(spec)` once, then `engine.run(requests)`."""
+"""The engine: a model loaded once (`Engine.load(spec)`), and runs over it (`engine.run`).
+
+Lines are prepared off the engine's thread (`engine.prepare`: parsed, validated against
+the model, tokenized, requests/prepare.py); `run` takes the prepared requests and hands
+out a result per request, the finished job in it (the wire object is built outside the
+engine: batchwright/serving). A step is the work of three parts:
+
+- the scheduler (scheduling/) decides what runs: online requests first, batch lines into
+  the rows and KV blocks left, preempting batch rows for online ones; it returns a plan;
+- the model runner (runner/) owns the device state and turns the plan into one forward
+  and one sampling step;
+- the output processor (output/) records the sampled tokens (text, stops, grammars),
+  emits stream deltas and collects the results.
+
+The runner and its device state live as long as the loaded model, across runs.
+"""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import torch
-
-from batchwright.engine.attention.interface import PLAN_KWARG, Step, planned
-from batchwright.engine.kv.paged import PagedCache, block_size_for, pool_blocks
 from batchwright.engine.loading.loader import LoadedModel, load_model
-from batchwright.engine.output.result import build_result
-from batchwright.engine.platform.compiled import Compiled, compile_on
+from batchwright.engine.output.processor import OutputProcessor
 from batchwright.engine.platform.host_memory import freeze_heap
-from batchwright.engine.requests.chat import build_chat_result, prepare_chat
-from batchwright.engine.requests.jobs import Job, PromptScores, prepare
+from batchwright.engine.requests.feed import OnlineFeed
+from batchwright.engine.requests.jobs import start
+from batchwright.engine.requests.observer import Observer
+from batchwright.engine.requests.prepare import Prepared, PreparedFeed, Preparer
 from batchwright.engine.requests.types import GenRequest, GenResult
+from batchwright.engine.runner.forward import Forward
+from batchwright.engine.runner.model_runner import ModelRunner
 from batchwright.engine.sampling.grammar import Grammars
-from batchwright.engine.scheduling.scheduler import Scheduler
-from batchwright.engine.text.stop import IncrementalText, StreamText
-from batchwright.engine.text.token_keys import TokenKeys
-from batchwright.protocol.endpoints import CHAT, endpoint_of
+from batchwright.engine.scheduling.intake import Item
+from batchwright.engine.scheduling.scheduler import Limits, Scheduler
+from batchwright.engine.text.text import GrowingText, Text
 from batchwright.registry import ModelSpec
 
-if TYPE_CHECKING:
-    from batchwright.engine.scheduling.lane import OnlineFeed
-
-# Top-k over the prompt's positions is computed in slices of this many positions so the
-# float32 log-softmax of a long prompt never materialises at once.
-_SCORE_CHUNK = 256
+Cancelled = Callable[[], AbstractSet[Any]]
 
 
 class Engine:
@@ -38,21 +47,31 @@ class Engine:
         self.spec = spec
         self.model_name = spec.name
         self.system_fingerprint = lm.fingerprint
+        # Both may change between runs (the worker halves max_rows after running out of
+        # memory, tests force a backend): the runner is rebuilt for them.
         self.max_rows = max(1, spec.max_rows)
-        self.max_batch_tokens = max(1, spec.max_batch_tokens)
-        tok = lm.tokenizer
-        self._tok = tok
-        self._keys = TokenKeys(tok, self.decode)
         self.attention_backend = lm.backend
-        # A 4-D mask is taken as built: transformers then builds none. Without one it
-        # checks the position ids for packed sequences, reading a boolean back from the
-        # device every forward (a host sync); under a plan the attention uses no mask.
-        self._no_mask = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=lm.device)
-        # The forward under a varlen plan, compiled on CUDA (compiled.py).
-        self._compiled: Compiled | None = None
-        if compile_on(spec, lm.device, self.attention_backend):
-            self._compiled = Compiled(self._forward, "model's forward", dynamic=True)
-        self.grammars = Grammars(tok, lm.vocab_size, lm.eos_ids)
+        self.max_batch_tokens = max(1, spec.max_batch_tokens)
+        self._tok = lm.tokenizer
+        self.text = Text(lm.tokenizer)
+        self.grammars = Grammars(lm.tokenizer, lm.vocab_size, lm.eos_ids)
+        self.prepare = Preparer(
+            tokenizer=lm.tokenizer,
+            chat_template=lm.chat_template,
+            model=spec.name,
+            decode=self.text.decode,
+            vocab_size=lm.vocab_size,
+            context_length=lm.context_length,
+            eos_ids=lm.eos_ids,
+            grammar=self.grammars.request,
+        )
+        self.observers: list[Observer] = []
+        self.forward = Forward(lm, spec, self.observers)
+        self._runner: ModelRunner | None = None
+        self._running = False  # a run holds the runner
+        self.start = functools.partial(
+            start, decode=self.text.decode, eos_ids=lm.eos_ids, context=lm.context_length
+        )
 
     @classmethod
     def load(cls, spec: ModelSpec) -> Engine:
@@ -62,175 +81,121 @@ class Engine:
         freeze_heap()
         return engine
 
-    # --- text ----------------------------------------------------------------------------
+    def observe(self, observer: Observer) -> None:
+        """Tell `observer` of every forward and result (worker metrics, progress lines)."""
+        if observer not in self.observers:
+            self.observers.append(observer)
 
-    def text_stream(self) -> IncrementalText | StreamText:
-        """A growing text for streamed deltas: the tokenizer's own incremental decoder
-        when it has one (a fast tokenizer), else IncrementalText over `decode`."""
-        backend = getattr(self._tok, "backend_tokenizer", None)
-        if backend is not None:
-            try:
-                return StreamText(backend)
-            except ImportError:  # tokenizers before DecodeStream (0.21)
-                pass
-        return IncrementalText(self.decode)
+    @property
+    def runner(self) -> ModelRunner:
+        """The device state: built at the first run, kept while rows and backend stay."""
+        r = self._runner
+        if r is None or (r.max_rows, r.backend) != (self.max_rows, self.attention_backend):
+            self._runner = None  # its pools go before the new ones are allocated
+            r = self._runner = self._new_runner()
+        return r
+
+    def new_runner(self) -> ModelRunner:
+        """Device state built afresh, now (tests that change the spec between runs)."""
+        self._runner = None
+        self._runner = self._new_runner()
+        return self._runner
+
+    def _new_runner(self) -> ModelRunner:
+        return ModelRunner(self.lm, self.spec, self.forward, self.max_rows, self.attention_backend)
+
+    # The model's text, as the engine's own (text/text.py).
 
     def decode(self, ids: list[int]) -> str:
-        return str(
-            self._tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        )
+        return self.text.decode(ids)
 
     def token_text(self, token: int) -> str:
-        """The token as logprobs write it (`bytes:\\xNN` for byte fragments)."""
-        return self._keys.key(token)
+        return self.text.token_text(token)
 
     def token_piece(self, token: int) -> str:
-        """The token decoded on its own (what `text_offset` counts)."""
-        return self._keys.text(token)
+        return self.text.token_piece(token)
 
-    # --- requests ------------------------------------------------------------------------
-
-    def prepare(self, greq: GenRequest) -> Job | GenResult:
-        job = self._prepare(greq)
-        if isinstance(job, Job):
-            # Compiled off the loop; the intake admits the job once it is ready.
-            job.grammar = self.grammars.request(job.req.response_format)
-        return job
-
-    def _prepare(self, greq: GenRequest) -> Job | GenResult:
-        if endpoint_of(greq.body) == CHAT:
-            return prepare_chat(
-                greq,
-                self._tok,
-                self.lm.chat_template,
-                self.model_name,
-                self.decode,
-                vocab_size=self.lm.vocab_size,
-                context_length=self.lm.context_length,
-                eos_ids=self.lm.eos_ids,
-            )
-        return prepare(
-            greq,
-            self._tok,
-            self.decode,
-            vocab_size=self.lm.vocab_size,
-            context_length=self.lm.context_length,
-            eos_ids=self.lm.eos_ids,
-        )
-
-    def result(self, job: Job) -> GenResult:
-        if job.chat is not None:
-            return build_chat_result(
-                job,
-                model=self.model_name,
-                fingerprint=self.system_fingerprint,
-                decode=self.decode,
-                tok=self.token_text,
-                piece=self._keys.text,
-                raw=self._keys.raw_bytes,
-            )
-        return build_result(
-            job,
-            model=self.model_name,
-            fingerprint=self.system_fingerprint,
-            decode=self.decode,
-            tok=self.token_text,
-            piece=self.token_piece,
-        )
+    def text_stream(self) -> GrowingText:
+        return self.text.text_stream()
 
     def run(
         self,
-        requests: Iterable[GenRequest],
-        cancelled: Callable[[], AbstractSet[Any]] | None = None,
-        online: OnlineFeed | None = None,
+        requests: Iterable[Item | GenRequest],
+        cancelled: Cancelled | None = None,
+        online: OnlineFeed | Any | None = None,
     ) -> Iterator[GenResult]:
-        """Results as requests complete. `cancelled`, called at most once per step, returns
-        request keys to drop at once (running or waiting); no result comes for them.
-        `online`: requests admitted ahead of `requests`, streamed (engine/online.py)."""
-        return Scheduler(self).run(requests, cancelled, online)
+        """Results as requests complete. `requests` yields prepared requests (and the
+        results of lines the preparer refused, passed on in their place; a wire line is
+        prepared as it is read, on this thread); `cancelled`, called at most once per step,
+        returns request keys to drop at once (running or waiting): no result comes for
+        them. `online`: requests admitted ahead of `requests`, streamed
+        (scheduling/lane.py)."""
+        source = Prepared(requests, self.prepare)
+        feed = None if online is None else PreparedFeed(online, self.prepare)
+        results = self._run(source, cancelled, feed)
+        if not self.observers:
+            return results
+        return self._observed(results)
 
-    # --- cache ---------------------------------------------------------------------------
+    def _observed(self, results: Iterator[GenResult]) -> Iterator[GenResult]:
+        for result in results:
+            for observer in self.observers:
+                observer.finished(result)
+            yield result
 
-    def new_cache(self) -> PagedCache:
-        cfg = self.lm.model.config.get_text_config()
-        heads = int(cfg.num_attention_heads)
-        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
-        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-        layers = int(cfg.num_hidden_layers)
-        device = self.lm.device
-        bs = block_size_for(device, self.spec.kv_block_size)
-        token_bytes = 2 * layers * kv_heads * head_dim * self.lm.dtype.itemsize
-        blocks = pool_blocks(
-            kv_tokens=self.spec.kv_tokens,
-            max_rows=self.max_rows,
-            context_length=self.lm.context_length,
-            block_size=bs,
-            token_bytes=token_bytes,
-            device=device,
+    def _run(
+        self, requests: Iterable[Item], cancelled: Cancelled | None, online: OnlineFeed | None
+    ) -> Iterator[GenResult]:
+        # A second run while one is still open (a caller holding two generators) gets
+        # device state of its own, for that run only.
+        own = self._running
+        runner = self._new_runner() if own else self.runner
+        self._running = self._running or not own
+        out = OutputProcessor(self.text, online)
+        limits = Limits(self.max_rows, self.max_batch_tokens, self.spec.online_rows, self.lm.varlen)
+        sched = Scheduler(
+            runner,
+            requests,
+            online,
+            out,
+            limits=limits,
+            start=self.start,
+            score=self.forward.score_prompt,
         )
-        return PagedCache(
-            layers=layers,
-            kv_heads=kv_heads,
-            head_dim=head_dim,
-            dtype=self.lm.dtype,
-            device=device,
-            block_size=bs,
-            num_blocks=blocks,
-            max_rows=self.max_rows,
-            context_length=self.lm.context_length,
-        )
+        runner.begin(out)
+        try:
+            while True:
+                if cancelled is not None and (keys := cancelled()):
+                    sched.drop(keys)
+                    runner.cancel(keys)
+                plan = yield from sched.plan()
+                if plan.compact:
+                    # Rows move only when no step's tokens are still to be recorded: the
+                    # host waits for the step in flight only when rows will move.
+                    runner.drain()
+                    yield from self._emit(out, runner)
+                    runner.compact()
+                if plan.stuck:
+                    yield sched.reject_head()
+                    continue
+                if plan.units or runner.live:
+                    runner.step(plan.units)
+                else:
+                    runner.drain()
+                yield from self._emit(out, runner)
+                if not plan.units and runner.idle and sched.drained:
+                    return
+        except Exception:
+            if runner is self._runner:
+                self._runner = None  # a step failed half way: the next run starts afresh
+            raise
+        finally:
+            runner.reset()
+            if not own:
+                self._running = False
 
-    # --- model ---------------------------------------------------------------------------
-
-    def forward_last(
-        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
-    ) -> torch.Tensor:
-        """Logits [rows, vocab] at each row's last position, extending `cache` in place."""
-        kwargs: dict[str, Any] = {self.lm.cache_kwarg: cache, "use_cache": True}
-        if self.lm.has_logits_to_keep:
-            kwargs["logits_to_keep"] = 1
-        out = self.lm.model(input_ids=ids, attention_mask=mask, position_ids=positions, **kwargs)
-        logits: torch.Tensor = out.logits[:, -1, :]
-        return logits
-
-    def forward_step(
-        self, ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor | None, plan: Step
-    ) -> torch.Tensor:
-        """One packed row through the model under `plan` (needs `lm.varlen`); logits
-        [len(keep), vocab] at the positions `keep` (None: every position)."""
-        kwargs: dict[str, Any] = {"use_cache": False, "attention_mask": self._no_mask}
-        if self.lm.has_logits_to_keep:
-            kwargs["logits_to_keep"] = 0 if keep is None else keep
-        forward = self._compiled if self._compiled is not None else self._forward
-        with planned(plan):
-            logits = forward(ids[None], positions[None], plan, kwargs)[0]
-        if keep is None or self.lm.has_logits_to_keep:
-            return logits
-        return logits.index_select(0, keep)
-
-    def _forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, plan: Step, kwargs: dict[str, Any]
-    ) -> torch.Tensor:
-        """The model under `plan` (what compiled.py compiles): logits [1, tokens, vocab]."""
-        out = self.lm.model(input_ids=ids, position_ids=positions, **{PLAN_KWARG: plan}, **kwargs)
-        logits: torch.Tensor = out.logits
-        return logits
-
-    @torch.inference_mode()
-    def score_prompt(self, ids: list[int], k: int) -> PromptScores:
-        """Logprob of each prompt token given its prefix (None for the first) and top-k."""
-        x = torch.tensor([ids], device=self.lm.device)
-        logits = self.lm.model(input_ids=x, use_cache=False).logits[0, :-1]
-        lps: list[float | None] = [None]
-        tops: list[list[tuple[int, float]] | None] = [None]
-        target = x[0, 1:]
-        for s in range(0, logits.shape[0], _SCORE_CHUNK):
-            lp = torch.log_softmax(logits[s : s + _SCORE_CHUNK].float(), dim=-1)
-            lps.extend(lp.gather(1, target[s : s + _SCORE_CHUNK, None])[:, 0].tolist())
-            if k > 0:
-                vals, idx = lp.topk(k, dim=-1)
-                for row_ids, row_vals in zip(idx.tolist(), vals.tolist(), strict=True):
-                    tops.append(list(zip(row_ids, row_vals, strict=True)))
-            else:
-                tops.extend([] for _ in range(lp.shape[0]))
-        return lps, tops
+    @staticmethod
+    def _emit(out: OutputProcessor, runner: ModelRunner) -> list[GenResult]:
+        """The step's deltas of streamed requests go out before its results."""
+        out.emit(runner.online_rows)
+        return out.results()

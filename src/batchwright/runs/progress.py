@@ -10,9 +10,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -24,7 +23,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from batchwright.engine.requests.types import GenRequest, GenResult
+from batchwright.engine.requests.observer import Observer
+from batchwright.engine.requests.types import GenResult
 
 # Rates are measured over this trailing window, so the ETA follows the current pace.
 WINDOW_SECONDS = 20.0
@@ -56,17 +56,14 @@ class LiveCounts:
             return self.base_done + self.done, self.base_failed + self.failed, self.tokens
 
 
-def counting(
-    run: Callable[..., Iterator[GenResult]], counts: LiveCounts
-) -> Callable[..., Iterator[GenResult]]:
-    """Wrap an engine's run so every result it yields is counted."""
+class Counting(Observer):
+    """Counts every result an engine hands out (Engine.observe)."""
 
-    def counted(requests: Iterable[GenRequest], *args: Any, **kwargs: Any) -> Iterator[GenResult]:
-        for result in run(requests, *args, **kwargs):
-            counts.add(result)
-            yield result
+    def __init__(self, counts: LiveCounts) -> None:
+        self.counts = counts
 
-    return counted
+    def finished(self, result: GenResult) -> None:
+        self.counts.add(result)
 
 
 class _Rates:

@@ -15,7 +15,7 @@ from batchwright.db.session import session_scope
 from batchwright.registry import ModelSpec
 from batchwright.runs.builds import first_use_builds
 from batchwright.runs.interrupt import Interrupt
-from batchwright.runs.progress import LiveCounts, RunView, counting
+from batchwright.runs.progress import Counting, LiveCounts, RunView
 from batchwright.worker import runner
 from batchwright.worker.dispatch import FINALIZE, PROCESS, VALIDATE, InlineDispatcher
 
@@ -43,16 +43,15 @@ class InlineWorker:
             from transformers.utils import logging as hf_logging
 
             hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # ours says it all
-            for build in [] if spec.name in runner._engines else first_use_builds(spec):
+            for build in [] if runner.loaded(spec.name) else first_use_builds(spec):
                 with self.view.building(build.what):
                     build.run()
             engine = runner.engine_for(spec)
-        if not getattr(engine, "_bw_embedded", False):
+        if not any(isinstance(o, Counting) for o in engine.observers):
             # Observers only: results are counted for the progress line, and an interrupt
             # parks the thread at the next forward pass (runs/interrupt.py).
             engine.lm.model.register_forward_pre_hook(self.interrupt.park_hook)
-            setattr(engine, "run", counting(engine.run, self.counts))  # noqa: B010
-            setattr(engine, "_bw_embedded", True)  # noqa: B010
+            engine.observe(Counting(self.counts))
         return engine
 
     def validate(self, batch_id: str) -> None:

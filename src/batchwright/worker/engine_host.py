@@ -24,8 +24,10 @@ from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
-from batchwright.engine.requests.types import WAKE, GenRequest, GenResult
+from batchwright.engine.requests.types import WAKE, GenResult, Wake
+from batchwright.serving.wire import Wire
 from batchwright.worker.claims import is_out_of_memory
+from batchwright.worker.pipeline import Line
 
 if TYPE_CHECKING:
     from batchwright.engine.engine import Engine
@@ -40,7 +42,7 @@ Cancels = Callable[[], AbstractSet[Any]]
 class Attachment:
     """A lease's lines while they run in the host's loop."""
 
-    def __init__(self, source: Iterable[GenRequest], put: Put, cancelled: Cancels | None) -> None:
+    def __init__(self, source: Iterable[Line], put: Put, cancelled: Cancels | None) -> None:
         self.source = source
         self.it = iter(source)
         self.put = put
@@ -105,9 +107,7 @@ class EngineHost:
 
     # --- a process task's lease ----------------------------------------------------------
 
-    def run_lease(
-        self, source: Iterable[GenRequest], put: Put, cancelled: Cancels | None = None
-    ) -> None:
+    def run_lease(self, source: Iterable[Line], put: Put, cancelled: Cancels | None = None) -> None:
         """Run a lease's lines in the loop; returns once each line it handed over has its
         result (or was cancelled). `source`, `put` and `cancelled` are called from the
         loop's thread only, and not after this returns. Raises what failed the lease."""
@@ -160,13 +160,14 @@ class EngineHost:
         self._loop()
 
     def _loop(self) -> None:
+        wire = Wire(self.engine)
         while not self.stopping:
             try:
                 results = self.engine.run(
                     self._lines, cancelled=self._cancelled, online=self.online
                 )
                 for result in results:
-                    self._route(result)
+                    self._route(wire(result))
                 return  # stopping: the source ended
             except Exception as exc:
                 log.exception("engine loop of %s failed", self.model)
@@ -247,10 +248,10 @@ class _Lines:
             self.host._finish(att, exc)
             return 0
 
-    def __iter__(self) -> Iterator[GenRequest]:
+    def __iter__(self) -> Iterator[Line | Wake]:
         return self
 
-    def __next__(self) -> GenRequest:
+    def __next__(self) -> Line | Wake:
         host = self.host
         att = host.attached
         if att is not None and not att.ended:

@@ -24,6 +24,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
+from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -31,8 +32,10 @@ from sqlalchemy.exc import OperationalError
 
 from batchwright.config import Settings
 from batchwright.engine.requests.types import GenRequest, GenResult
+from batchwright.serving.wire import Wire
 from batchwright.worker import budget, metrics
 from batchwright.worker.dispatch import get_dispatcher
+from batchwright.worker.pipeline import Line, Prepare
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +126,14 @@ class RemoteLease:
         settings: Settings,
         stop: threading.Event,
         on_cancel: Callable[[str], None],
+        prepare: Prepare | None = None,
     ) -> None:
         self.model = model
+        # The engine's preparer: the lines that come over are parsed and tokenized in a
+        # thread of this side (the lease process has no model), not on the engine's.
+        self.prepare = prepare
+        self._preparing: deque[Future[list[tuple[Any, Line]]]] = deque()
+        self._pool: ThreadPoolExecutor | None = None
         self.settings = settings
         self.stop = stop
         # Called with each batch whose held lines the lease process just cancelled.
@@ -138,10 +147,10 @@ class RemoteLease:
         # claims keep running (it hears of a newcomer batch while it hands lines over) and
         # the newcomer's lines reach this window, where they go first, within a step.
         self._window = max(2, settings.claim_batch_size)
-        self._pending: deque[GenRequest] = deque()
+        self._pending: deque[Line] = deque()
         # Lines of batches that started after this lease's first claim (a newcomer, whom the
         # lease process's claims put first) go before the window's lines of older ones.
-        self._newcomers: deque[GenRequest] = deque()
+        self._newcomers: deque[Line] = deque()
         self._older: set[Any] | None = None
         self._results: list[GenResult] = []
         self._cancelled: set[Any] = set()
@@ -156,20 +165,25 @@ class RemoteLease:
 
     def run(self, engine: Any) -> None:
         """Generate for this lease's lines; `landed` is known once the lease closes."""
+        wire = Wire(engine)
         for result in engine.run(self, cancelled=self.cancelled):
-            self.put(result)
+            self.put(wire(result))
 
     def ready(self) -> int:
         self._pump(block=False)
+        self._collect(wait=False)
         return len(self._newcomers) + len(self._pending)
 
     def at_end(self) -> bool:
         """No line left to hand over (worker/engine_host.py asks while rows run)."""
-        return self._ended and not (self._newcomers or self._pending)
+        return self._ended and not (self._newcomers or self._pending or self._preparing)
 
-    def __iter__(self) -> Iterator[GenRequest]:
+    def __iter__(self) -> Iterator[Line]:
         while True:
             while not (self._newcomers or self._pending):
+                if self._preparing:
+                    self._collect(wait=True)
+                    continue
                 if self._ended:
                     return
                 self._pump(block=True)
@@ -240,8 +254,12 @@ class RemoteLease:
         if kind == "reqs":
             if self._older is None:
                 self._older = {r.group for r in msg[1]}
-            for req in msg[1]:
-                (self._pending if req.group in self._older else self._newcomers).append(req)
+            if self.prepare is None:
+                self._sort([(r.group, r) for r in msg[1]])
+            else:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="prepare")
+                self._preparing.append(self._pool.submit(self._prepared, msg[1], self.prepare))
         elif kind == "end":
             self._ended, self.more_work = True, msg[1]
         elif kind == "cancel":
@@ -255,6 +273,21 @@ class RemoteLease:
             get_dispatcher().send(msg[1], *msg[2])
         elif kind == "error":
             raise _failure(msg[1], msg[2])
+
+    @staticmethod
+    def _prepared(lines: list[GenRequest], prepare: Prepare) -> list[tuple[Any, Line]]:
+        return [(line.group, prepare(line)) for line in lines]
+
+    def _collect(self, *, wait: bool) -> None:
+        """Lines prepared, in the order they came (waiting for the first if `wait`)."""
+        while self._preparing and (wait or self._preparing[0].done()):
+            wait = False
+            self._sort(self._preparing.popleft().result())
+
+    def _sort(self, lines: list[tuple[Any, Line]]) -> None:
+        assert self._older is not None
+        for group, line in lines:
+            (self._pending if group in self._older else self._newcomers).append(line)
 
     # --- the lease -----------------------------------------------------------------------
 
@@ -276,6 +309,8 @@ class RemoteLease:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, _: Any
     ) -> None:
         assert self._child is not None
+        if self._pool is not None:  # lines not handed over yet go back with the lease
+            self._pool.shutdown(wait=False, cancel_futures=True)
         child, error = self._child, None
         if exc is not None:
             infra = budget.is_infrastructure(exc)

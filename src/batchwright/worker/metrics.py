@@ -6,13 +6,12 @@ multiprocess mode is needed. Names follow prometheus-client conventions (_total,
 
 from __future__ import annotations
 
-import functools
-import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from batchwright.engine.requests.observer import Observer
 from batchwright.engine.requests.types import GenResult
 from batchwright.worker.heartbeat import STATS
 
@@ -96,31 +95,19 @@ def loaded(model: str) -> None:
         STATS.loaded.add(model)
 
 
+class _Timing(Observer):
+    """The engine's model forwards (the step's dominant cost), timed as it reports them."""
+
+    def __init__(self, model: str) -> None:
+        self.step = STEP_SECONDS.labels(model)
+        self.prefill = PREFILL_TOKENS.labels(model)
+
+    def forward(self, seconds: float, prompt_tokens: int) -> None:
+        self.step.observe(seconds)
+        self.prefill.observe(prompt_tokens)
+
+
 def instrument(engine: Engine, model: str) -> None:
-    """Time the engine's model forwards (the step's dominant cost) without touching it."""
-    if getattr(engine, "_bw_instrumented", False):
-        return
-    step = STEP_SECONDS.labels(model)
-    prefill = PREFILL_TOKENS.labels(model)
-
-    def timed(fn: Callable[..., Any], prompt_tokens: Callable[..., int]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                step.observe(time.perf_counter() - start)
-                prefill.observe(prompt_tokens(*args, **kwargs))
-
-        return wrapper
-
-    def varlen_prompt(ids: Any, positions: Any, keep: Any, plan: Any) -> int:
-        return sum(end - start for start, end in plan.bounds)
-
-    def padded_prompt(ids: Any, mask: Any, *_: Any) -> int:
-        return int(mask.sum()) if ids.shape[-1] > 1 else 0
-
-    engine.forward_step = timed(engine.forward_step, varlen_prompt)  # type: ignore[method-assign]
-    engine.forward_last = timed(engine.forward_last, padded_prompt)  # type: ignore[method-assign]
-    engine._bw_instrumented = True  # type: ignore[attr-defined]
+    """Time the engine's model forwards without touching it (an observer)."""
+    if not any(isinstance(o, _Timing) for o in engine.observers):
+        engine.observe(_Timing(model))

@@ -27,7 +27,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
 from batchwright.config import Settings
-from batchwright.engine.requests.types import GenRequest, GenResult
+from batchwright.engine.requests.types import EngineRequest, GenRequest, GenResult
 from batchwright.protocol.chat import chat_id
 from batchwright.relay.factory import worker_relay
 from batchwright.relay.messages import (
@@ -81,7 +81,7 @@ class OnlineWork:
         self._in = worker_relay(self.wid, [self.model], settings)
         self._out = worker_relay(self.wid, [self.model], settings)
         self._lock = threading.Condition()
-        self._inbox: deque[Taken] = deque()
+        self._inbox: deque[tuple[Taken, EngineRequest | GenResult]] = deque()
         self.live: dict[str, Taken] = {}  # in the engine, by request id (engine thread)
         self._running: dict[str, Taken] = {}  # the same, as the publisher polls them
         self._events: list[tuple[OnlineRequest, WorkerEvent | dict[str, Any]]] = []
@@ -137,8 +137,9 @@ class OnlineWork:
                     continue
                 taken = self._in.take(timeout=wait)
                 if taken is not None:
+                    prepared = self._prepare(taken.request)
                     with self._lock:
-                        self._inbox.append(taken)
+                        self._inbox.append((taken, prepared))
                     self.host.wake()
             except Exception as exc:  # Redis away: keep trying, the key lapses meanwhile
                 log.warning("relay: %r", exc)
@@ -224,18 +225,32 @@ class OnlineWork:
     def owns(self, key: Any) -> bool:
         return key in self.live
 
-    def take(self) -> list[GenRequest]:
+    def _prepare(self, r: OnlineRequest) -> EngineRequest | GenResult:
+        """The request parsed and tokenized here, off the engine's thread; a failure of
+        the preparer fails this request alone."""
+        body = {k: v for k, v in r.body.items() if k not in _STREAM_FIELDS}
+        try:
+            return self.host.engine.prepare(GenRequest(r.id, body, stream=r.streamed))
+        except Exception:
+            log.exception("preparing online request %s failed", r.id)
+            error = {
+                "message": "The request could not be prepared for the model.",
+                "type": "server_error",
+                "param": None,
+                "code": "engine_error",
+            }
+            return GenResult(key=r.id, status_code=500, error=error)
+
+    def take(self) -> list[EngineRequest | GenResult]:
         with self._lock:
             taken = list(self._inbox)
             self._inbox.clear()
-            for t in taken:
+            for t, _ in taken:
                 self._running[t.request.id] = t
         out = []
-        for t in taken:
-            r = t.request
-            self.live[r.id] = t
-            body = {k: v for k, v in r.body.items() if k not in _STREAM_FIELDS}
-            out.append(GenRequest(r.id, body, stream=r.streamed))
+        for t, prepared in taken:
+            self.live[t.request.id] = t
+            out.append(prepared)
         if out:
             metrics.handed(self.model, len(out))
             metrics.ONLINE_IN_FLIGHT.labels(self.model).set(len(self.live))

@@ -20,9 +20,14 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from batchwright.db.session import session_scope
-from batchwright.engine.requests.types import GenRequest, GenResult
+from batchwright.engine.requests.types import EngineRequest, GenRequest, GenResult
+from batchwright.serving.wire import Wire
 from batchwright.worker import metrics
 from batchwright.worker.results import write_results
+
+# A line prepared for the engine (engine/requests/prepare.py): a request, or its refusal.
+Line = EngineRequest | GenResult
+Prepare = Callable[[GenRequest], Line]
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +65,15 @@ class ReadAhead:
         source: Iterator[GenRequest],
         model: str,
         depth: int,
-        on_hand: Callable[[GenRequest], None] | None = None,
+        on_hand: Callable[[Line | GenRequest], None] | None = None,
+        prepare: Prepare | None = None,
     ) -> None:
         self.source = source
         self.model = model
+        # The engine's preparer (engine/requests/prepare.py): lines are parsed and
+        # tokenized here, in this thread, not on the engine's. None: lines pass as they are
+        # (the lease process, whose worker prepares them).
+        self.prepare = prepare
         self.handed = 0
         self._on_hand = on_hand
         self._depth = max(1, depth)
@@ -89,9 +99,10 @@ class ReadAhead:
         return True
 
     def _fill(self) -> None:
+        prepare = self.prepare
         try:
             for request in self.source:
-                if not self._put(request):
+                if not self._put(request if prepare is None else prepare(request)):
                     break
             else:
                 self._put(_END)
@@ -113,7 +124,7 @@ class ReadAhead:
                 self._items[0] is _END or isinstance(self._items[0], _Failed)
             )
 
-    def __iter__(self) -> Iterator[GenRequest]:
+    def __iter__(self) -> Iterator[Any]:
         if not self._started:
             self._started = True
             self._thread.start()
@@ -178,7 +189,7 @@ class ResultWriter:
         self._thread.start()
         return self
 
-    def handed(self, request: GenRequest) -> None:
+    def handed(self, request: Line | GenRequest) -> None:
         """`request` went to the engine (ReadAhead's on_hand)."""
         with self._lock:
             self._out[request.key[1]] += 1
@@ -285,15 +296,19 @@ def generate(
     # The engine's window (engine/intake.py) hides a claim's latency; lines queued here
     # are ahead of a newcomer's (claims.py), so only a few wait here.
     writer = ResultWriter(lease.token, model, settings.result_queue_size, settings.lease_seconds)
-    feed = ReadAhead(lease.requests(), model, max(1, settings.claim_batch_size // 8), writer.handed)
+    depth = max(1, settings.claim_batch_size // 8)
+    # An engine that takes lines as they are (a test's stand-in) has no preparer.
+    prepare = getattr(engine, "prepare", None)
+    feed = ReadAhead(lease.requests(), model, depth, writer.handed, prepare)
     try:
         with writer:
             if host is not None:
                 host.run_lease(feed, writer.put, cancelled)
             else:
                 hook = {} if cancelled is None else {"cancelled": cancelled}
+                wire = Wire(engine)
                 for result in engine.run(feed, **hook):
-                    writer.put(result)
+                    writer.put(wire(result))
     finally:
         feed.close()
         if feed.handed > writer.received:

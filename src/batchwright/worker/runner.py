@@ -27,6 +27,11 @@ _engines: dict[str, Engine] = {}
 _loading = threading.Lock()
 
 
+def loaded(name: str) -> bool:
+    """Whether this process has loaded the model already."""
+    return name in _engines
+
+
 def engine_for(spec: ModelSpec) -> Engine:
     """One loaded model per process, loaded on first use (never at import or fork)."""
     with _loading:
@@ -83,7 +88,9 @@ def process(
     try:
         lease: Lease | lease_process.RemoteLease
         if lease_process.wanted(settings):
-            remote = lease_process.RemoteLease(model, settings, SHUTDOWN, on_cancel or _finalize)
+            remote = lease_process.RemoteLease(
+                model, settings, SHUTDOWN, on_cancel or _finalize, getattr(engine, "prepare", None)
+            )
             with remote as lease:
                 if host is not None:
                     host.run_lease(lease, lease.put, lease.cancelled)

@@ -1,16 +1,23 @@
-"""Placing admitted prompts: slots for their candidates and blocks for the prefill."""
+"""The KV manager: where rows' keys and values go, and how many tokens a row may generate.
+
+One per loaded model (it lives as long as the pools: a prefix cached in one run is found in
+the next). It owns the paged cache, its allocator (with the prefix index when prefix reuse
+is on), the cost of admitting a prompt in blocks, the placement of admitted prompts, and
+the blocks reserved for what a candidate may generate (`Job.max_new`, the one bound,
+at which the candidate also ends).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from batchwright.engine.attention.prefix_attention import CachedPrompts
-from batchwright.engine.attention.prefix_attention import plan as plan_cached
+from batchwright.engine.kv import prefix
 from batchwright.engine.kv.paged import PagedCache
 from batchwright.engine.kv.prefix import PrefixBlocks, first_blocks, prefix_blocks
-from batchwright.engine.runner.slots import Slots
-from batchwright.engine.scheduling.intake import Unit
+from batchwright.engine.requests.jobs import Unit
+
+Cost = Callable[[Unit], int]
 
 
 @dataclass(eq=False)
@@ -30,42 +37,55 @@ class Placement:
         return self.slots[0]
 
 
-def place(
-    cache: PagedCache, slots: Slots, units: list[Unit], prefix: PrefixBlocks | None = None
-) -> list[Placement]:
-    """Admission already checked that slots and blocks suffice (Intake.admit). With a
-    prefix index, a prompt's cached full blocks are shared and the rest allocated."""
-    out = []
-    for u in units:
-        taken = slots.take(len(u.seqs))
-        length = len(u.prompt)
-        job = u.job
-        total = length + min(job.req.max_tokens, job.context_length - length)
-        if prefix is None:
-            cache.assign(taken[0], cache.alloc.allocate(cache.alloc.blocks_for(total)))
-            cached = 0
-        else:
-            blocks, cached = prefix_blocks(prefix, u.prompt, total, first_blocks(prefix, u))
-            cache.assign(taken[0], blocks)
-            job.cached_tokens.setdefault(u.prompt_index, cached)
-        dest = cache.prompt_dest(taken[0], length)[cached:]
-        out.append(Placement(u, taken, length, total, dest, cached))
-    return out
+class KVManager:
+    def __init__(self, cache: PagedCache, index: PrefixBlocks | None = None) -> None:
+        self.cache = cache
+        self.prefix = index
 
+    @property
+    def free(self) -> int:
+        """Blocks an admission may take now (idle prefix blocks count)."""
+        return self.cache.alloc.free
 
-def cached_prompts(
-    cache: PagedCache,
-    rows: int,
-    placed: Sequence[Placement],
-    bounds: Sequence[tuple[int, int]],
-    backend: str,
-) -> CachedPrompts | None:
-    """The attention plan of the placed prompts with a cached prefix (`bounds`: their new
-    tokens in the packed row, counted after the `rows` decode rows)."""
-    spans = [
-        (rows + s, rows + e, p.cached) for (s, e), p in zip(bounds, placed, strict=True) if p.cached
-    ]
-    if not spans:
-        return None
-    table = cache.host_rows([p.slot for p in placed if p.cached])
-    return plan_cached(spans, table, native=backend == "native")
+    @property
+    def usable(self) -> int:
+        """Blocks a row may ever hold (all but the scratch block)."""
+        return self.cache.alloc.num_blocks - 1
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.usable * self.cache.block_size
+
+    def cost(self, unit: Unit) -> int:
+        """Blocks the unit's rows reserve, with no prefix reuse counted."""
+        new = unit.job.max_new(unit.prompt_index)
+        return self.cache.blocks_needed(len(unit.prompt), new, len(unit.seqs))
+
+    def admission_costs(self) -> tuple[Cost, Cost | None]:
+        """(blocks, prompt tokens computed) of a unit, for one admission round
+        (Intake.admit): with prefix reuse, what the index or an earlier prompt of the same
+        round already holds is not counted."""
+        return prefix.admission_costs(self.prefix, self.cost)
+
+    def place(self, units: list[Unit], take: Callable[[int], list[int]]) -> list[Placement]:
+        """Slots (from `take`) and blocks for admitted units; admission checked that both
+        suffice. With a prefix index, a prompt's cached full blocks are shared and the
+        rest allocated."""
+        cache = self.cache
+        out = []
+        for u in units:
+            taken = take(len(u.seqs))
+            length = len(u.prompt)
+            job = u.job
+            total = length + job.max_new(u.prompt_index)
+            if self.prefix is None:
+                cache.assign(taken[0], cache.alloc.allocate(cache.alloc.blocks_for(total)))
+                cached = 0
+            else:
+                index = self.prefix
+                blocks, cached = prefix_blocks(index, u.prompt, total, first_blocks(index, u))
+                cache.assign(taken[0], blocks)
+                job.cached_tokens.setdefault(u.prompt_index, cached)
+            dest = cache.prompt_dest(taken[0], length)[cached:]
+            out.append(Placement(u, taken, length, total, dest, cached))
+        return out

@@ -30,7 +30,7 @@ from batchwright.engine.kv.paged import PagedCache
 from batchwright.registry import ModelSpec
 
 if TYPE_CHECKING:
-    from batchwright.engine.scheduling.intake import Unit
+    from batchwright.engine.requests.jobs import Unit
 
 Key = tuple[int, ...]
 

@@ -1,4 +1,6 @@
-"""Turn a finished Job into the Completion object (choices, logprobs, usage)."""
+"""What a finished candidate's choice holds: its text, the tokens its logprobs list and
+their entries (the Completion's shape, which stream deltas share). The wire objects are
+built from them outside the engine (batchwright/serving)."""
 
 from __future__ import annotations
 
@@ -6,14 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from batchwright.engine.requests.jobs import Decode, Job, Seq
-from batchwright.engine.requests.types import GenResult
-from batchwright.protocol.completions import (
-    Completion,
-    CompletionChoice,
-    CompletionUsage,
-    Logprobs,
-    PromptTokensDetails,
-)
+from batchwright.protocol.completions import Logprobs
 
 TokenText = Callable[[int], str]
 
@@ -101,77 +96,3 @@ def kept_tokens(seq: Seq, text: str, piece: TokenText) -> int:
             return i
         pos += len(piece(tid))
     return len(ids)
-
-
-def _choice(
-    job: Job, seq: Seq, index: int, decode: Decode, tok: TokenText, piece: TokenText
-) -> CompletionChoice:
-    req = job.req
-    text = choice_text(seq, decode)
-    echo = job.echo_texts[seq.prompt_index] if req.echo else ""
-    logprobs = None
-    if req.logprobs is not None:
-        b = LogprobsBuilder(tok, piece, req.logprobs)
-        if req.echo:
-            b.add_prompt(job, seq.prompt_index)
-            # Offsets of generated tokens continue after the echoed prompt text.
-            b.pos = len(echo)
-        for i in range(kept_tokens(seq, text, piece)):
-            b.add_generated(seq, i)
-        logprobs = b.build()
-    finish = seq.finish or "length"
-    return CompletionChoice(
-        finish_reason=finish,  # type: ignore[arg-type]
-        index=index,
-        logprobs=logprobs,
-        text=echo + text,
-    )
-
-
-def build_result(
-    job: Job,
-    *,
-    model: str,
-    fingerprint: str,
-    decode: Decode,
-    tok: TokenText,
-    piece: TokenText | None = None,
-) -> GenResult:
-    """`tok`: a token as logprobs write it; `piece`: its decoded text (text_offset)."""
-    req = job.req
-    choices: list[CompletionChoice] = []
-    for p in range(len(job.prompts)):
-        cands = [s for s in job.seqs if s.prompt_index == p]
-        if len(cands) > req.n:
-            # best_of: the n candidates with the highest mean token logprob, best first.
-            cands = sorted(cands, key=lambda s: (-s.score, s.cand))[: req.n]
-        for j, seq in enumerate(cands):
-            choices.append(_choice(job, seq, p * req.n + j, decode, tok, piece or tok))
-    usage = result_usage(job)
-    completion = Completion(
-        id=job.id,
-        choices=choices,
-        created=job.created,
-        model=model,
-        system_fingerprint=fingerprint,
-        usage=usage,
-    )
-    return GenResult(
-        key=job.key,
-        status_code=200,
-        completion=completion.model_dump(mode="json"),
-        prompt_tokens=usage.prompt_tokens,
-        completion_tokens=usage.completion_tokens,
-        cached_tokens=sum(job.cached_tokens.values()),
-    )
-
-
-def result_usage(job: Job) -> CompletionUsage:
-    prompt_tokens = sum(len(p) for p in job.prompts)
-    completion_tokens = sum(len(s.out_ids) for s in job.seqs)
-    return CompletionUsage(
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        total_tokens=prompt_tokens + completion_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(job.cached_tokens.values())),
-    )

@@ -18,13 +18,10 @@ sequence, so what was streamed is always a prefix of the final lists.
 
 from __future__ import annotations
 
-from typing import Any
-
 from batchwright.engine.output.result import LogprobsBuilder, choice_text, kept_tokens
-from batchwright.engine.parts import Text
+from batchwright.engine.requests.feed import Delta
 from batchwright.engine.requests.jobs import Job, Seq
-
-Delta = dict[str, Any]
+from batchwright.engine.text.text import Text
 
 
 class ChoiceStream:

@@ -1,38 +1,21 @@
-"""Chat lines: `messages` rendered by the model's chat template into a completion prompt,
-and the finished job written back as a `chat.completion`.
+"""Chat lines: `messages` rendered by the model's chat template into a completion prompt.
 
 A chat line runs as a completion of its rendered prompt (token ids, no echo, no best_of),
 so it shares rows, seeds and prefix reuse with completion lines; only the way in (the
-template) and the way out (message, chat logprobs) differ.
+template, here) and the way out (message, chat logprobs: serving/chat.py) differ.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from batchwright.engine.output.result import (
-    TokenText,
-    choice_text,
-    generated_ids,
-    kept_tokens,
-    result_usage,
-)
-from batchwright.engine.requests.jobs import Decode, Job, bad_request, build_job
-from batchwright.engine.requests.types import GenRequest, GenResult
-from batchwright.protocol.chat import (
-    ChatChoice,
-    ChatCompletion,
-    ChatCompletionRequest,
-    ChatMessage,
-    ChoiceLogprobs,
-    TokenLogprob,
-    TopLogprob,
-    chat_id,
-    check_chat_body,
-)
+from batchwright.engine.requests.jobs import bad_request
+from batchwright.engine.requests.tokenize import counted, tokenize
+from batchwright.engine.requests.types import EngineRequest, GenRequest, GenResult
+from batchwright.engine.requests.validated import request_of
+from batchwright.protocol.chat import ChatCompletionRequest, check_chat_body
 from batchwright.protocol.completions import CompletionRequest
-
-TokenBytes = Any  # Callable[[int], bytes | None]
+from batchwright.protocol.endpoints import CHAT
 
 
 class TemplateError(ValueError):
@@ -102,85 +85,15 @@ def as_completion(req: ChatCompletionRequest, prompt: list[int], max_tokens: int
     )
 
 
-def _logprobs(
-    job: Job, seq_index: int, text: str, tok: TokenText, piece: TokenText, raw: TokenBytes
-) -> ChoiceLogprobs:
-    seq = job.seqs[seq_index]
-    k = job.req.logprobs or 0
-
-    def bytes_of(tid: int) -> list[int]:
-        b = raw(tid)
-        return list(b if b is not None else piece(tid).encode("utf-8"))
-
-    ids = generated_ids(seq)
-    content: list[TokenLogprob] = []
-    for i in range(kept_tokens(seq, text, piece)):
-        tid = ids[i]
-        tops = [
-            TopLogprob(token=tok(t), logprob=lp, bytes=bytes_of(t)) for t, lp in seq.out_tops[i][:k]
-        ]
-        content.append(
-            TokenLogprob(
-                token=tok(tid), logprob=seq.out_lps[i], bytes=bytes_of(tid), top_logprobs=tops
-            )
-        )
-    return ChoiceLogprobs(content=content, refusal=None)
-
-
-def build_chat_result(
-    job: Job,
-    *,
-    model: str,
-    fingerprint: str,
-    decode: Decode,
-    tok: TokenText,
-    piece: TokenText,
-    raw: TokenBytes,
-) -> GenResult:
-    choices: list[ChatChoice] = []
-    for index, seq in enumerate(job.seqs):
-        text = choice_text(seq, decode)
-        logprobs = None
-        if job.req.logprobs is not None:
-            logprobs = _logprobs(job, index, text, tok, piece, raw)
-        choices.append(
-            ChatChoice(
-                finish_reason=seq.finish or "length",  # type: ignore[arg-type]
-                index=index,
-                logprobs=logprobs,
-                message=ChatMessage(content=text),
-            )
-        )
-    usage = result_usage(job)
-    completion = ChatCompletion(
-        id=chat_id(job.id),
-        choices=choices,
-        created=job.created,
-        model=model,
-        system_fingerprint=fingerprint,
-        usage=usage,
-    )
-    return GenResult(
-        key=job.key,
-        status_code=200,
-        completion=completion.model_dump(mode="json"),
-        prompt_tokens=usage.prompt_tokens,
-        completion_tokens=usage.completion_tokens,
-        cached_tokens=job.cached_tokens.get(0, 0),
-    )
-
-
 def prepare_chat(
     greq: GenRequest,
     tokenizer: Any,
     template: str | None,
     model: str,
-    decode: Decode,
     *,
     vocab_size: int,
     context_length: int,
-    eos_ids: frozenset[int],
-) -> Job | GenResult:
+) -> EngineRequest | GenResult:
     """Parse a chat line, render and tokenize its prompt; a GenResult(400) when the model
     must reject it."""
     req, err = check_chat_body(greq.body)
@@ -191,8 +104,9 @@ def prepare_chat(
     except TemplateError as exc:
         code = "no_chat_template" if exc.param == "model" else "invalid_messages"
         return bad_request(greq.key, str(exc), exc.param, code)
-    # The template writes the special tokens (BOS and the like) itself.
-    ids = list(tokenizer(text, add_special_tokens=False).input_ids)
+    # The template writes the special tokens (BOS and the like) itself. Tokens past the
+    # context and one are not counted: enough to refuse a prompt that cannot fit.
+    ids = tokenize(tokenizer, text, context_length, add_special_tokens=False)
     limit = req.max_new_tokens
     room = context_length - len(ids)
     if room <= 0 or (limit is not None and limit > room):
@@ -201,24 +115,19 @@ def prepare_chat(
         return bad_request(
             greq.key,
             f"This model's maximum context length is {context_length} tokens, however your "
-            f"messages take {len(ids)} tokens in the model's chat template{asked}. Please "
-            "reduce the length of the messages or completion.",
+            f"messages take {counted(ids, context_length)} tokens in the model's chat "
+            f"template{asked}. Please reduce the length of the messages or completion.",
             param,
             "context_length_exceeded",
         )
-    job = build_job(
+    return request_of(
         greq,
         as_completion(req, ids, room if limit is None else limit),
         [ids],
         [text],
-        decode,
         vocab_size=vocab_size,
-        context_length=context_length,
-        eos_ids=eos_ids,
+        endpoint=CHAT,
     )
-    if isinstance(job, Job):
-        job.chat = req
-    return job
 
 
 def _limit_param(req: ChatCompletionRequest) -> str:

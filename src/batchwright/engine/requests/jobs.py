@@ -1,4 +1,5 @@
-"""Requests as the scheduler sees them: a Job per GenRequest, a Seq per generated candidate."""
+"""Requests as the scheduler sees them: a Job per request, a Seq per generated candidate, a
+Unit per prompt admitted (its candidates, prefilled once)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchwright.engine.requests.types import GenRequest, GenResult
+from batchwright.engine.requests.types import EngineRequest, GenResult, Sampling
 from batchwright.engine.sampling.params import RowParams
 from batchwright.engine.text.stop import StopChecker
-from batchwright.protocol.completions import CompletionRequest, check_completion_body
 
 Decode = Callable[[list[int]], str]
 # Per prompt position: (logprob or None for the first token, top-k [(id, logprob)] or None).
@@ -58,7 +58,7 @@ class Seq:
             self.finish, self.ended_by_eos = "stop", True
         elif (at := self.stop.check(self.out_ids)) is not None:
             self.finish, self.stop_at = "stop", at
-        elif len(self.out_ids) >= min(job.req.max_tokens, job.context_length - len(self.prompt)):
+        elif len(self.out_ids) >= job.max_new(self.prompt_index):
             # max_tokens reached, or the context is full: either way "length".
             self.finish = "length"
         if self.finish is not None:
@@ -75,7 +75,7 @@ class Seq:
 @dataclass(eq=False)
 class Job:
     key: Any
-    req: CompletionRequest
+    req: Sampling
     prompts: list[list[int]]
     echo_texts: list[str]
     eos_ids: frozenset[int]
@@ -86,11 +86,11 @@ class Job:
     # Prompt tokens served from the prefix cache, per prompt, at its first prefill.
     cached_tokens: dict[int, int] = field(default_factory=dict)
     group: Any = None  # GenRequest.group
-    online: bool = False  # ahead of batch lines, never preempted (engine/online.py)
+    online: bool = False  # ahead of batch lines, never preempted (scheduling/lane.py)
     admitted: int = 0  # the admission round of its latest rows (youngest are preempted first)
     requeued: bool = False  # preempted: back at the front of the waiting lines
-    chat: Any = None  # a chat line's ChatCompletionRequest (engine/chat.py); `req` runs it
-    grammar: Any = None  # Future of the compiled response_format (grammar.py), if any
+    endpoint: str = "/v1/completions"  # the wire object its result becomes (EngineRequest)
+    grammar: Any = None  # Future of the compiled response_format (sampling/grammar.py)
     id: str = field(default_factory=lambda: "cmpl-" + secrets.token_urlsafe(18))
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -98,9 +98,27 @@ class Job:
     def done(self) -> bool:
         return self.remaining == 0
 
+    def max_new(self, prompt_index: int) -> int:
+        """The most tokens a candidate of prompt `prompt_index` may generate: max_tokens,
+        or what the context leaves. The one bound: the KV manager reserves its rows'
+        blocks for it (kv/manager.py), and a candidate that reaches it ends ("length")."""
+        return min(self.req.max_tokens, self.context_length - len(self.prompts[prompt_index]))
+
     @property
     def needs_prompt_scores(self) -> bool:
         return self.req.echo and self.req.logprobs is not None
+
+    def result(self) -> GenResult:
+        """The finished job's result: its usage counted, and the job itself for whoever
+        builds the wire object (batchwright/serving)."""
+        return GenResult(
+            key=self.key,
+            status_code=200,
+            prompt_tokens=sum(len(p) for p in self.prompts),
+            completion_tokens=sum(len(s.out_ids) for s in self.seqs),
+            cached_tokens=sum(self.cached_tokens.values()),
+            job=self,
+        )
 
 
 def row_rng(seed: int | None, prompt_index: int, cand: int) -> random.Random:
@@ -110,97 +128,22 @@ def row_rng(seed: int | None, prompt_index: int, cand: int) -> random.Random:
     return random.Random(f"{seed}:{prompt_index}:{cand}")
 
 
-def prepare(
-    greq: GenRequest,
-    tokenizer: Any,
-    decode: Decode,
-    *,
-    vocab_size: int,
-    context_length: int,
-    eos_ids: frozenset[int],
-) -> Job | GenResult:
-    """Parse and tokenize one request; a GenResult(400) when the model must reject it."""
-    req, err = check_completion_body(greq.body)
-    if err is not None or req is None:
-        return GenResult(key=greq.key, status_code=400, error=err)
-    raw = req.prompt
-    items: list[str | list[int]]
-    if isinstance(raw, str):
-        items = [raw]
-    elif all(isinstance(x, int) for x in raw):
-        items = [[int(x) for x in raw]]  # type: ignore[arg-type]
-    else:
-        items = list(raw)  # type: ignore[arg-type]
-    prompts: list[list[int]] = []
-    echo_texts: list[str] = []
-    for i, item in enumerate(items):
-        if isinstance(item, str):
-            ids = list(tokenizer(item).input_ids)
-            if not ids:
-                # OpenAI: an empty prompt generates as if from the start of a new document.
-                start = tokenizer.bos_token_id
-                ids = [start if start is not None else min(eos_ids, default=0)]
-            echo_texts.append(item)
-        else:
-            bad = [t for t in item if t >= vocab_size]
-            if bad:
-                return bad_request(
-                    greq.key,
-                    f"Invalid token id {bad[0]} in prompt {i}: the model's vocabulary has "
-                    f"{vocab_size} tokens (ids 0 to {vocab_size - 1}).",
-                    "prompt",
-                    "invalid_prompt",
-                )
-            ids = list(item)
-            echo_texts.append(decode(ids))
-        total = len(ids) + req.max_tokens
-        if total > context_length:
-            return bad_request(
-                greq.key,
-                f"This model's maximum context length is {context_length} tokens, however you "
-                f"requested {total} tokens ({len(ids)} in your prompt; {req.max_tokens} for the "
-                "completion). Please reduce your prompt; or completion length.",
-                "max_tokens",
-                "context_length_exceeded",
-            )
-        prompts.append(ids)
-    return build_job(
-        greq,
+def start(request: EngineRequest, decode: Decode, eos_ids: frozenset[int], context: int) -> Job:
+    """The job of a validated request, with a candidate per choice to generate (or, with
+    nothing to generate, one empty candidate per choice, finished by "length")."""
+    req = request.sampling
+    job = Job(
+        request.key,
         req,
-        prompts,
-        echo_texts,
-        decode,
-        vocab_size=vocab_size,
-        context_length=context_length,
-        eos_ids=eos_ids,
+        request.prompts,
+        request.echo_texts,
+        eos_ids,
+        context,
+        group=request.group,
+        endpoint=request.endpoint,
+        grammar=request.grammar,
     )
-
-
-def build_job(
-    greq: GenRequest,
-    req: CompletionRequest,
-    prompts: list[list[int]],
-    echo_texts: list[str],
-    decode: Decode,
-    *,
-    vocab_size: int,
-    context_length: int,
-    eos_ids: frozenset[int],
-) -> Job | GenResult:
-    """The job of a request whose prompts are tokenized (a chat line's: rendered)."""
-    bias: dict[int, float] = {}
-    for k, v in (req.logit_bias or {}).items():
-        if int(k) >= vocab_size:
-            return bad_request(
-                greq.key,
-                f"Invalid 'logit_bias': token id {k} is outside the model's vocabulary "
-                f"(ids 0 to {vocab_size - 1}).",
-                "logit_bias",
-                None,
-            )
-        bias[int(k)] = v
-    job = Job(greq.key, req, prompts, echo_texts, eos_ids, context_length, group=greq.group)
-    stops = req.stop_list
+    prompts = request.prompts
     if req.max_tokens > 0:
         for p in range(len(prompts)):
             for c in range(req.candidates):
@@ -209,16 +152,35 @@ def build_job(
                     top_p=req.top_p,
                     presence_penalty=req.presence_penalty,
                     frequency_penalty=req.frequency_penalty,
-                    logit_bias=bias,
+                    logit_bias=req.logit_bias,
                     logprobs=req.logprobs,
                     rng=row_rng(req.seed, p, c),
                 )
-                job.seqs.append(Seq(job, p, c, params, StopChecker(stops, decode)))
+                job.seqs.append(Seq(job, p, c, params, StopChecker(req.stop_list, decode)))
     else:
-        # Nothing to generate: one empty candidate per choice, finished by "length".
         for p in range(len(prompts)):
             for c in range(req.n):
                 params = RowParams(1.0, 1.0, 0.0, 0.0, {}, None, random.Random(0))
                 job.seqs.append(Seq(job, p, c, params, StopChecker([], decode), finish="length"))
     job.remaining = sum(1 for s in job.seqs if s.finish is None)
     return job
+
+
+@dataclass(eq=False)
+class Unit:
+    """Candidates of one prompt admitted together: the prompt is prefilled once for all."""
+
+    job: Job
+    prompt_index: int
+    seqs: list[Seq]
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.job.prompts[self.prompt_index]
+
+
+def units_of(job: Job) -> list[Unit]:
+    """A unit per prompt of `job`, with that prompt's candidates."""
+    return [
+        Unit(job, p, [s for s in job.seqs if s.prompt_index == p]) for p in range(len(job.prompts))
+    ]

@@ -11,6 +11,7 @@ correctness, not speed (tests check it gives the same text as the fast one).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache
@@ -18,8 +19,15 @@ from transformers import DynamicCache
 from batchwright.engine.attention.backends import gather
 from batchwright.engine.kv.manager import Placement
 from batchwright.engine.kv.paged import PagedCache
-from batchwright.engine.parts import ForwardLast
 from batchwright.engine.runner.slots import Slots
+
+
+class ForwardLast(Protocol):
+    """A padded forward of transformers' own attention (forward.py's Forward.last)."""
+
+    def __call__(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
+    ) -> torch.Tensor: ...
 
 
 def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -22,6 +22,7 @@ and reports what it cannot compile; its grammar construction drops the GIL.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -82,6 +83,8 @@ class Grammars:
         self._tok: Any = None
         self._pool: ThreadPoolExecutor | None = None
         self._cache: OrderedDict[tuple[str, str, bool], Future[Any]] = OrderedDict()
+        # Requests come from the threads that prepare lines (requests/prepare.py).
+        self._lock = threading.Lock()
         self.compiled = 0  # grammars compiled (tests: once per distinct format)
 
     def request(self, fmt: ResponseFormat | None) -> Future[Any] | None:
@@ -90,6 +93,10 @@ class Grammars:
         key = fmt.grammar_key() if fmt is not None else None
         if key is None or fmt is None:
             return None
+        with self._lock:
+            return self._request(key, fmt)
+
+    def _request(self, key: tuple[str, str, bool], fmt: ResponseFormat) -> Future[Any]:
         hit = self._cache.get(key)
         if hit is not None and not (hit.done() and hit.exception() is not None):
             self._cache.move_to_end(key)

@@ -14,13 +14,19 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Generator, Hashable, Iterable, Set
 from concurrent import futures
-from dataclasses import dataclass
 from typing import Any
 
-from batchwright.engine.parts import Requests
-from batchwright.engine.requests.jobs import Job, Seq, bad_request
-from batchwright.engine.requests.types import WAKE, GenRequest, GenResult
+from batchwright.engine.requests.jobs import Job, PromptScores, Unit, bad_request, units_of
+from batchwright.engine.requests.types import EngineRequest, GenResult, Wake
 from batchwright.engine.sampling.grammar import grammar_error
+
+# What the engine's sources yield: requests, results of lines refused before the engine
+# (in their place among the lines), and WAKE.
+Item = EngineRequest | GenResult | Wake
+# A validated request's job (requests/jobs.py's `start`, bound to the model).
+Start = Callable[[EngineRequest], Job]
+# Echo scores of a prompt: (prompt ids, top k) -> PromptScores (a forward of the model).
+Score = Callable[[list[int], int], PromptScores]
 
 # Requests read ahead, in multiples of max_rows: longest-first admission needs a window
 # wider than the batch to keep the end of a file from draining on a few long rows
@@ -33,40 +39,29 @@ _LOOKAHEAD = 2
 _LOOKAHEAD_ORDERED = 0.5
 
 
-@dataclass(eq=False)
-class Unit:
-    """Candidates of one prompt admitted together: the prompt is prefilled once for all."""
-
-    job: Job
-    prompt_index: int
-    seqs: list[Seq]
-
-    @property
-    def prompt(self) -> list[int]:
-        return self.job.prompts[self.prompt_index]
-
-
-def units_of(job: Job) -> list[Unit]:
-    """A unit per prompt of `job`, with that prompt's candidates."""
-    return [
-        Unit(job, p, [s for s in job.seqs if s.prompt_index == p]) for p in range(len(job.prompts))
-    ]
-
-
 def _order(unit: Unit) -> tuple[bool, int]:
-    # Preempted lines first (engine/preempt.py), then the longest generations.
+    # Preempted lines first (preempt.py), then the longest generations.
     return not unit.job.requeued, -unit.job.req.max_tokens
 
 
 class Intake:
-    def __init__(self, engine: Requests, requests: Iterable[GenRequest]) -> None:
-        self.e = engine
+    def __init__(
+        self,
+        requests: Iterable[Item],
+        *,
+        max_rows: int,
+        max_batch_tokens: int,
+        start: Start,
+        score: Score,
+    ) -> None:
+        self.max_rows = max_rows
+        self.max_batch_tokens = max_batch_tokens
+        self.start = start
+        self.score = score
         self.it = iter(requests)
         self._ready: Callable[[], int] | None = getattr(requests, "ready", None)
         ordered = getattr(requests, "orders_ahead", False)
-        self._window = max(
-            1, int(engine.max_rows * (_LOOKAHEAD_ORDERED if ordered else _LOOKAHEAD))
-        )
+        self._window = max(1, int(max_rows * (_LOOKAHEAD_ORDERED if ordered else _LOOKAHEAD)))
         self.pending: list[Unit] = []  # longest generation first
         self._groups: Counter[Hashable] = Counter()  # waiting units per group
         self.exhausted = False
@@ -127,7 +122,7 @@ class Intake:
             w = max(width, len(unit.prompt))
             new = len(unit.prompt) if prompt_cost is None else prompt_cost(unit)
             cost = tokens + new if packed else w * (len(units) + 1)
-            if units and cost > self.e.max_batch_tokens:
+            if units and cost > self.max_batch_tokens:
                 break
             if len(unit.seqs) > free:
                 unit = Unit(unit.job, unit.prompt_index, unit.seqs[:free])
@@ -213,7 +208,7 @@ class Intake:
         """Read requests into `pending` up to the window, longest generation first: from
         a source with `ready()` what it holds ready (waiting for up to max_rows when
         `wait`), from any other a whole window. Returns True when the source ended the
-        wait with WAKE (engine/types.py).
+        wait with WAKE (requests/types.py).
 
         Admitting long generations first leaves the short ones for the end of the input, so
         the batch stays full until close to the end instead of draining on a few long rows.
@@ -223,28 +218,26 @@ class Intake:
         if self._ready is not None:
             # With nothing running, wait for a batch's worth (or the end of the input):
             # starting on the first request alone would only fill the rows a few at a time.
-            room = min(room, max(self.e.max_rows if wait else 0, self._ready()))
+            room = min(room, max(self.max_rows if wait else 0, self._ready()))
         units: list[Unit] = []
         woke = False
         for _ in range(room):
-            greq = next(self.it, None)
-            if greq is None:
+            item = next(self.it, None)
+            if item is None:
                 self.exhausted = True
                 break
-            if greq is WAKE:
+            if isinstance(item, Wake):
                 woke = True
                 break
-            job = self.e.prepare(greq)
-            if isinstance(job, GenResult):
-                yield job
+            if isinstance(item, GenResult):  # refused when it was prepared
+                yield item
                 continue
+            job = self.start(item)
             if job.needs_prompt_scores:
                 k = job.req.logprobs or 0
-                job.prompt_scores = {
-                    i: self.e.score_prompt(p, k) for i, p in enumerate(job.prompts)
-                }
+                job.prompt_scores = {i: self.score(p, k) for i, p in enumerate(job.prompts)}
             if job.done:
-                yield self.e.result(job)
+                yield job.result()
                 continue
             units += units_of(job)
         if units:

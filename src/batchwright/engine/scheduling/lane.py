@@ -3,15 +3,15 @@
 `Engine.run(requests, online=feed)`: at each step the scheduler takes the online
 requests that arrived (`feed.take()`) and admits them before any waiting batch line, in
 the order they came. When the rows or the KV budget are full of batch rows, batch lines
-give theirs up, the youngest first (engine/preempt.py); online requests never take rows
+give theirs up, the youngest first (preempt.py); online requests never take rows
 from each other (one that does not fit waits for online rows to end, and batch lines
 wait behind it). A model's `online_rows` (registry) keeps that many rows free of batch
 lines.
 
-Each step, every streamed request (`GenRequest.stream`) whose choices gained something
-gets one `feed.emit(key, deltas)` (engine/streaming.py), before the step's results are
-yielded: a request's last delta always comes before its result. Online results come out
-of `run` like any other; which keys are online is the caller's to know.
+A streamed request (`EngineRequest.stream`) gets one `feed.emit(key, deltas)` per step
+whose tokens gave its choices something (output/processor.py), before the step's results
+are yielded. Online results come out of `run` like any other; which keys are online is
+the caller's to know.
 """
 
 from __future__ import annotations
@@ -19,62 +19,49 @@ from __future__ import annotations
 from collections.abc import Generator, Set
 from typing import Any, Protocol
 
-from batchwright.engine.kv.paged import PagedCache
-from batchwright.engine.output.streaming import Delta, JobStream
-from batchwright.engine.parts import Parts
-from batchwright.engine.requests.jobs import bad_request
-from batchwright.engine.requests.types import GenRequest, GenResult
-from batchwright.engine.runner.slots import Slots
+from batchwright.engine.requests.feed import OnlineFeed
+from batchwright.engine.requests.jobs import Job, Unit, bad_request, units_of
+from batchwright.engine.requests.types import EngineRequest, GenResult
 from batchwright.engine.sampling.grammar import grammar_error
-from batchwright.engine.sampling.sampler import Sampler
 from batchwright.engine.scheduling import preempt
-from batchwright.engine.scheduling.intake import Intake, Unit, units_of
+from batchwright.engine.scheduling.intake import Intake, Score, Start
+from batchwright.engine.scheduling.rows import Rows
 
 
-class OnlineFeed(Protocol):
-    def take(self) -> list[GenRequest]:
-        """Online requests that arrived since the last call (never waits)."""
-        ...
+class Streams(Protocol):
+    """Where a streamed request's deltas are kept (output/processor.py)."""
 
-    def started(self, key: Any, prompt_tokens: int) -> None:
-        """The engine has the request (it passed the model's checks)."""
-        ...
+    def open(self, job: Job, stream: bool) -> None: ...
 
-    def emit(self, key: Any, deltas: list[Delta]) -> None:
-        """What the choices of a streamed request gained in one step."""
-        ...
+    def flush(self, job: Job) -> None: ...
 
-    def preempted(self, lines: int, rows: int) -> None:
-        """Batch lines (and their rows) that gave their rows to online requests."""
-        ...
-
-    def rows(self, online: int) -> None:
-        """Rows online requests hold after a step."""
-        ...
-
-
-class Loop(Protocol):
-    """What a lane uses of the batching loop (the scheduler is one)."""
-
-    e: Parts
-    cache: PagedCache
-    slots: Slots
-    sampler: Sampler
-
-    def kv_cost(self, unit: Unit) -> int: ...
+    def close(self, keys: Set[Any]) -> None: ...
 
 
 class Lane:
     """The online requests of one run: waiting (in arrival order) and streaming."""
 
-    def __init__(self, sched: Loop, intake: Intake, feed: OnlineFeed | None) -> None:
-        self.s = sched
+    def __init__(
+        self,
+        rows: Rows,
+        intake: Intake,
+        feed: OnlineFeed | None,
+        streams: Streams,
+        *,
+        start: Start,
+        score: Score,
+        reserve: int,
+        max_batch_tokens: int,
+    ) -> None:
+        self.rows = rows
         self.intake = intake
         self.feed = feed
+        self.streams = streams
+        self.start = start
+        self.score = score
+        self.max_batch_tokens = max_batch_tokens
         self.waiting: list[Unit] = []
-        self.streams: dict[Any, JobStream] = {}
-        rows = sched.e.max_rows
-        self.reserve = max(0, min(sched.e.spec.online_rows, rows - 1))
+        self.reserve = max(0, min(reserve, rows.max_rows - 1))
         self._round = 0
 
     # --- admission ---------------------------------------------------------------------
@@ -85,12 +72,12 @@ class Lane:
         self._round += 1
         if self.feed is None:
             return []
-        for greq in self.feed.take():
-            yield from self._prepare(greq)
+        for request in self.feed.take():
+            yield from self._take(request)
         units: list[Unit] = []
         rows = blocks = tokens = 0
-        s = self.s
-        alloc = s.cache.alloc
+        s = self.rows
+        kv = s.kv
         while self.waiting:
             unit = self.waiting[0]
             grammar = unit.job.grammar
@@ -100,19 +87,19 @@ class Lane:
                 self.drop({unit.job.key})
                 yield bad_request(unit.job.key, why, "response_format", "invalid_response_format")
                 continue
-            if s.kv_cost(_first(unit)) > alloc.num_blocks - 1:
+            if kv.cost(_first(unit)) > kv.usable:
                 yield self._reject(unit)
                 continue
-            if units and tokens + len(unit.prompt) > s.e.max_batch_tokens:
+            if units and tokens + len(unit.prompt) > self.max_batch_tokens:
                 break
             # A plain cost (no prefix reuse counted) is an upper bound: preemption may free
             # a little more than needed, never less.
             while (
-                len(unit.seqs) > s.slots.free_count - rows or s.kv_cost(unit) > alloc.free - blocks
+                len(unit.seqs) > s.free - rows or kv.cost(unit) > kv.free - blocks
             ) and self._preempt():
                 pass
-            take = min(len(unit.seqs), s.slots.free_count - rows)
-            while take > 0 and s.kv_cost(_first(unit, take)) > alloc.free - blocks:
+            take = min(len(unit.seqs), s.free - rows)
+            while take > 0 and kv.cost(_first(unit, take)) > kv.free - blocks:
                 take -= 1
             if take == 0:
                 break  # online rows hold what it needs: it waits for them
@@ -123,7 +110,7 @@ class Lane:
             else:
                 del self.waiting[0]
             rows += take
-            blocks += s.kv_cost(unit)
+            blocks += kv.cost(unit)
             tokens += len(unit.prompt)
             units.append(unit)
         return units
@@ -134,8 +121,8 @@ class Lane:
         reserve for online requests."""
         if online_admitted or self.waiting:
             return 0
-        s = self.s.slots
-        free = s.free_count
+        s = self.rows
+        free = s.free
         if self.reserve:
             batch = sum(1 for q in s.seqs if q is not None and not q.job.online)
             free = min(free, s.max_rows - self.reserve - batch)
@@ -147,39 +134,34 @@ class Lane:
             u.job.admitted = self._round
 
     def _preempt(self) -> bool:
-        job = preempt.youngest(self.s.slots)
+        job = preempt.youngest(self.rows.seqs)
         if job is None:
             return False
-        rows = preempt.preempt(self.s.slots, self.s.sampler, self.intake, job)
+        rows = preempt.preempt(self.rows, self.intake, job)
         if self.feed is not None:
             self.feed.preempted(1, rows)
         return True
 
-    def _prepare(self, greq: GenRequest) -> Generator[GenResult, None, None]:
-        e = self.s.e
-        job = e.prepare(greq)
-        if isinstance(job, GenResult):
-            yield job
+    def _take(self, request: EngineRequest | GenResult) -> Generator[GenResult, None, None]:
+        if isinstance(request, GenResult):  # refused when it was prepared
+            yield request
             return
+        job = self.start(request)
         job.online = True
         if self.feed is not None:
             self.feed.started(job.key, sum(len(p) for p in job.prompts))
         if job.needs_prompt_scores:
             k = job.req.logprobs or 0
-            job.prompt_scores = {i: e.score_prompt(p, k) for i, p in enumerate(job.prompts)}
-        stream = JobStream(e, job) if greq.stream and JobStream.streams(job) else None
+            job.prompt_scores = {i: self.score(p, k) for i, p in enumerate(job.prompts)}
+        self.streams.open(job, request.stream)
         if job.done:  # nothing to generate (max_tokens 0)
-            if stream is not None and self.feed is not None:
-                self.feed.emit(job.key, stream.deltas())
-            yield e.result(job)
+            self.streams.flush(job)
+            yield job.result()
             return
-        if stream is not None:
-            self.streams[job.key] = stream
         self.waiting += units_of(job)
 
     def _reject(self, unit: Unit) -> GenResult:
-        cache = self.s.cache
-        tokens = (cache.alloc.num_blocks - 1) * cache.block_size
+        tokens = self.rows.kv.capacity_tokens
         self.drop({unit.job.key})
         return bad_request(
             unit.job.key,
@@ -189,26 +171,10 @@ class Lane:
             "context_length_exceeded",
         )
 
-    # --- the rest of a request's life --------------------------------------------------
-
-    def emit(self) -> None:
-        """One delta per streamed request that gained something this step."""
-        if self.feed is None:
-            return
-        seqs = self.s.slots.seqs
-        self.feed.rows(sum(1 for q in seqs if q is not None and q.job.online))
-        for key, stream in list(self.streams.items()):
-            deltas = stream.deltas()
-            if deltas:
-                self.feed.emit(key, deltas)
-            if stream.finished:
-                del self.streams[key]
-
     def drop(self, keys: Set[Any]) -> None:
-        """Requests cancelled: their waiting units and streams go (rows: the scheduler)."""
+        """Requests cancelled: their waiting units and streams go (rows: the runner)."""
         self.waiting = [u for u in self.waiting if u.job.key not in keys]
-        for key in keys & self.streams.keys():
-            del self.streams[key]
+        self.streams.close(keys)
 
 
 def _first(unit: Unit, k: int = 1) -> Unit:

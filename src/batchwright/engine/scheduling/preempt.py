@@ -18,14 +18,13 @@ from __future__ import annotations
 import dataclasses
 
 from batchwright.engine.requests.jobs import Job, Seq, row_rng
-from batchwright.engine.runner.slots import Slots
-from batchwright.engine.sampling.sampler import Sampler
 from batchwright.engine.scheduling.intake import Intake
+from batchwright.engine.scheduling.rows import Rows
 from batchwright.engine.text.stop import StopChecker
 
 
 def restart(job: Job) -> Job:
-    """The job as `prepare` made it: same id, prompts and parameters, fresh candidates."""
+    """The job as `start` made it: same id, prompts and parameters, fresh candidates."""
     fresh = dataclasses.replace(
         job, seqs=[], cached_tokens=dict(job.cached_tokens), requeued=True, admitted=0
     )
@@ -38,21 +37,20 @@ def restart(job: Job) -> Job:
     return fresh
 
 
-def youngest(slots: Slots) -> Job | None:
+def youngest(seqs: list[Seq | None]) -> Job | None:
     """The batch job with running rows that was admitted last."""
     best: Job | None = None
-    for q in slots.seqs:
+    for q in seqs:
         if q is not None and not q.job.online and (best is None or q.job.admitted > best.admitted):
             best = q.job
     return best
 
 
-def preempt(slots: Slots, sampler: Sampler, intake: Intake, job: Job) -> int:
+def preempt(rows: Rows, intake: Intake, job: Job) -> int:
     """Take `job`'s rows away and put it back at the front of the waiting lines; returns
     the rows freed."""
-    rows = [i for i, q in enumerate(slots.seqs) if q is not None and q.job is job]
-    slots.finish(rows)
-    sampler.release(rows)
+    mine = [i for i, q in enumerate(rows.seqs) if q is not None and q.job is job]
+    rows.end(mine)
     intake.drop({job.key})  # its prompts still waiting for rows start over too
     intake.requeue(restart(job))
-    return len(rows)
+    return len(mine)

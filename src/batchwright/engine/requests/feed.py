@@ -1,0 +1,34 @@
+"""What the engine asks of an online feed (the worker's OnlineWork is one):
+`Engine.run(requests, online=feed)` (scheduling/lane.py)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from batchwright.engine.requests.types import EngineRequest, GenResult
+
+# One choice's delta (relay/messages.py's ChoiceDelta): output/streaming.py builds them.
+Delta = dict[str, Any]
+
+
+class OnlineFeed(Protocol):
+    def take(self) -> list[EngineRequest | GenResult]:
+        """Online requests that arrived since the last call (never waits), prepared
+        (requests/prepare.py), or refused by the preparer."""
+        ...
+
+    def started(self, key: Any, prompt_tokens: int) -> None:
+        """The engine has the request (it passed the model's checks)."""
+        ...
+
+    def emit(self, key: Any, deltas: list[Delta]) -> None:
+        """What the choices of a streamed request gained in one step."""
+        ...
+
+    def preempted(self, lines: int, rows: int) -> None:
+        """Batch lines (and their rows) that gave their rows to online requests."""
+        ...
+
+    def rows(self, online: int) -> None:
+        """Rows online requests hold after a step."""
+        ...

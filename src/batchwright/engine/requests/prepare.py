@@ -1,0 +1,177 @@
+"""Lines into requests the engine takes: parsed, validated against the model, tokenized.
+
+A Preparer belongs to a loaded model (its tokenizer, chat template, vocabulary and
+context) and is called off the engine's thread, by whatever reads lines for it (the
+worker's claim read-ahead, its lease-process reader, the online taker): the engine never
+parses a body or tokenizes a prompt between two steps. A line the model must refuse
+becomes its GenResult(400) here, and reaches the engine as such, in its place among the
+lines (a result like any other, yielded when the engine reads it).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from typing import Any
+
+from batchwright.engine.requests.chat import prepare_chat
+from batchwright.engine.requests.jobs import Decode, bad_request
+from batchwright.engine.requests.tokenize import counted, tokenize
+from batchwright.engine.requests.types import EngineRequest, GenRequest, GenResult, Wake
+from batchwright.engine.requests.validated import request_of
+from batchwright.protocol.completions import check_completion_body
+from batchwright.protocol.endpoints import CHAT, COMPLETIONS, endpoint_of
+
+# The compile of a response_format (sampling/grammar.py's Grammars.request).
+GrammarFor = Callable[[Any], "Future[Any] | None"]
+
+
+class Preparer:
+    """`prepare(line)`: the line's EngineRequest, or the GenResult(400) the model answers.
+
+    Called from several threads (a lease's reader, the online taker): one line at a
+    time, on a tokenizer of its own. A fast tokenizer's Rust side is borrowed mutably when
+    its truncation is set, and a decode on the engine's thread borrowing it meanwhile
+    fails ("Already borrowed"): the engine's copy only ever decodes."""
+
+    def __init__(
+        self,
+        *,
+        tokenizer: Any,
+        chat_template: str | None,
+        model: str,
+        decode: Decode,
+        vocab_size: int,
+        context_length: int,
+        eos_ids: frozenset[int],
+        grammar: GrammarFor,
+    ) -> None:
+        self.tokenizer = copy.deepcopy(tokenizer)
+        self._lock = threading.Lock()
+        self.chat_template = chat_template
+        self.model = model
+        self.decode = decode
+        self.vocab_size = vocab_size
+        self.context_length = context_length
+        self.eos_ids = eos_ids
+        self.grammar = grammar
+
+    def __call__(self, line: GenRequest) -> EngineRequest | GenResult:
+        with self._lock:
+            return self._prepare(line)
+
+    def _prepare(self, line: GenRequest) -> EngineRequest | GenResult:
+        if endpoint_of(line.body) == CHAT:
+            out = prepare_chat(
+                line,
+                self.tokenizer,
+                self.chat_template,
+                self.model,
+                vocab_size=self.vocab_size,
+                context_length=self.context_length,
+            )
+        else:
+            out = self._completion(line)
+        if isinstance(out, EngineRequest):
+            # Compiled off the loop; the intake admits the request once it is ready.
+            out.grammar = self.grammar(out.response_format)
+        return out
+
+    def _completion(self, line: GenRequest) -> EngineRequest | GenResult:
+        """Parse and tokenize one /v1/completions line."""
+        req, err = check_completion_body(line.body)
+        if err is not None or req is None:
+            return GenResult(key=line.key, status_code=400, error=err)
+        context = self.context_length
+        raw = req.prompt
+        items: list[str | list[int]]
+        if isinstance(raw, str):
+            items = [raw]
+        elif all(isinstance(x, int) for x in raw):
+            items = [[int(x) for x in raw]]  # type: ignore[arg-type]
+        else:
+            items = list(raw)  # type: ignore[arg-type]
+        prompts: list[list[int]] = []
+        echo_texts: list[str] = []
+        for i, item in enumerate(items):
+            if isinstance(item, str):
+                ids = tokenize(self.tokenizer, item, context)
+                if not ids:
+                    # OpenAI: an empty prompt generates as if from the start of a document.
+                    start = self.tokenizer.bos_token_id
+                    ids = [start if start is not None else min(self.eos_ids, default=0)]
+                echo_texts.append(item)
+            else:
+                bad = [t for t in item if t >= self.vocab_size]
+                if bad:
+                    return bad_request(
+                        line.key,
+                        f"Invalid token id {bad[0]} in prompt {i}: the model's vocabulary "
+                        f"has {self.vocab_size} tokens (ids 0 to {self.vocab_size - 1}).",
+                        "prompt",
+                        "invalid_prompt",
+                    )
+                ids = list(item)
+                echo_texts.append(self.decode(ids))
+            if len(ids) + req.max_tokens > context:
+                return bad_request(
+                    line.key,
+                    f"This model's maximum context length is {context} tokens, however you "
+                    f"requested {_total(ids, req.max_tokens, context)} tokens "
+                    f"({counted(ids, context)} in your prompt; {req.max_tokens} for the "
+                    "completion). Please reduce your prompt; or completion length.",
+                    "max_tokens",
+                    "context_length_exceeded",
+                )
+            prompts.append(ids)
+        return request_of(
+            line, req, prompts, echo_texts, vocab_size=self.vocab_size, endpoint=COMPLETIONS
+        )
+
+
+def _total(ids: list[int], max_tokens: int, context: int) -> str:
+    if len(ids) > context:  # cut by `tokenize`: a lower bound
+        return f"more than {context + max_tokens}"
+    return str(len(ids) + max_tokens)
+
+
+Item = EngineRequest | GenResult | Wake
+Prepare = Callable[[GenRequest], EngineRequest | GenResult]
+
+
+class Prepared:
+    """A source whose lines may still be wire lines (GenRequest): those are prepared as the
+    engine reads them, on its thread (tests, benches: callers without a thread of their
+    own; the worker prepares its lines before). What the engine asks of a source
+    (`ready()`, `orders_ahead`) is the source's own."""
+
+    def __init__(self, source: Iterable[Item | GenRequest], prepare: Prepare) -> None:
+        self.source = source
+        self.prepare = prepare
+        ready = getattr(source, "ready", None)
+        if ready is not None:
+            self.ready = ready
+        self.orders_ahead = bool(getattr(source, "orders_ahead", False))
+
+    def __iter__(self) -> Iterator[Item]:
+        prepare = self.prepare
+        for item in self.source:
+            yield prepare(item) if isinstance(item, GenRequest) else item
+
+
+class PreparedFeed:
+    """An online feed that may hand wire lines, as one of requests (the rest of it is
+    the feed's own)."""
+
+    def __init__(self, feed: Any, prepare: Prepare) -> None:
+        self.feed = feed
+        self.prepare = prepare
+
+    def take(self) -> list[EngineRequest | GenResult]:
+        prepare = self.prepare
+        return [prepare(x) if isinstance(x, GenRequest) else x for x in self.feed.take()]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.feed, name)
