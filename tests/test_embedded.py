@@ -161,3 +161,73 @@ def test_run_reuses_a_shared_prefix_by_default(tmp_path: Path) -> None:
     out = [json.loads(x) for x in (tmp_path / "shared.output.jsonl").read_text().splitlines()]
     cached = [o["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"] for o in out]
     assert sum(1 for c in cached if c > 0) >= 5, cached
+
+
+# `batchwright run` in a subprocess, its `runner.process` calls (the work slices) recorded.
+_SLICED = """
+import sys
+from batchwright import cli
+from batchwright.worker import runner
+
+landed = []
+process = runner.process
+
+
+def counted(*args, **kwargs):
+    landed.append(process(*args, **kwargs))
+    return landed[-1]
+
+
+runner.process = counted
+try:
+    cli.app(["run", sys.argv[1], "--quiet"], standalone_mode=False)
+finally:
+    print("SLICES", *landed, file=sys.stderr)
+"""
+
+
+def test_later_work_slices_find_the_prefixes_of_earlier_ones(tmp_path: Path) -> None:
+    """Device state outlives a run: a file done in three work slices (one claim of four
+    lines each) gets prefix hits in slices two and three from the cache slice one filled,
+    so only the very first line computes the shared prefix."""
+    head = "You are a careful assistant. Answer in one short sentence, plainly. " * 6
+    src = tmp_path / "sliced.jsonl"
+    src.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "custom_id": f"q{i}",
+                    "method": "POST",
+                    "url": "/v1/completions",
+                    "body": {"model": "demo", "prompt": head + f"Item {i}:", "max_tokens": 2},
+                }
+            )
+            + "\n"
+            for i in range(12)
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHWRIGHT_")}
+    env.update(
+        BATCHWRIGHT_HOME=str(tmp_path / "home"),
+        BATCHWRIGHT_CLAIM_BATCH_SIZE="4",
+        BATCHWRIGHT_WORK_SLICE_SECONDS="0",  # a slice ends after its one claim
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", _SLICED, str(src)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    slices = re.search(r"^SLICES(.*)$", done.stderr, re.M)
+    assert slices is not None, done.stderr
+    assert [int(n) for n in slices.group(1).split() if n != "0"] == [4, 4, 4], slices.group(0)
+    out = [json.loads(x) for x in (tmp_path / "sliced.output.jsonl").read_text().splitlines()]
+    cached = {
+        o["custom_id"]: o["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"]
+        for o in out
+    }
+    assert len(cached) == 12
+    # Without the cache kept, the first line of each slice would compute the prefix again.
+    assert [k for k, c in cached.items() if c == 0] == ["q0"], cached

@@ -102,10 +102,13 @@ class Lease:
         seen: set[str] = set()  # batches in progress when this lease last looked
         listener = newcomers.Listener(self.model, self.settings)
         try:
+            claimed = False
             while True:
-                if self.stop.is_set() or time.monotonic() >= self.deadline:
+                # A slice claims once whatever its length: every slice makes progress.
+                if self.stop.is_set() or (claimed and time.monotonic() >= self.deadline):
                     self.more_work = True
                     return
+                claimed = True
                 rows = deque(self.claim(self.settings.claim_batch_size))
                 if not rows:
                     return
