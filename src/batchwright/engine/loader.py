@@ -19,6 +19,7 @@ from batchwright.engine import attention, backends
 from batchwright.engine.demo import ensure_demo_model
 from batchwright.engine.device import use
 from batchwright.engine.host_memory import tune_malloc
+from batchwright.engine.invariance import rows_multiple
 from batchwright.engine.native import paged_attention_kernel
 from batchwright.engine.packing import pack
 from batchwright.registry import DEMO_MODEL, ModelSpec
@@ -26,7 +27,7 @@ from batchwright.registry import DEMO_MODEL, ModelSpec
 log = logging.getLogger(__name__)
 
 # Bump when a change in the engine can change outputs for the same weights and parameters.
-ENGINE_VERSION = "5"
+ENGINE_VERSION = "6"
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _FULL_HASH_LIMIT = 64 * 1024 * 1024
@@ -50,6 +51,9 @@ class LoadedModel:
     native_attention: bool = False  # decode attention by the native kernel (native.py)
     chat_template: str | None = None  # the registry's template; None: the tokenizer's own
     backend: str = "reference"  # how attention reads the paged cache (attention.py)
+    # Native backend: steps padded to multiples of this many tokens give each row the same
+    # bits whatever shares its step (invariance.py); None: no such guarantee.
+    invariant_rows: int | None = None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -144,6 +148,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     )
     template = _chat_template(spec)
     backend = choose_backend(device, dtype, native)
+    invariant = rows_multiple(model) if backend == "native" and spec.batch_invariant else None
     engine_config = {
         "engine": ENGINE_VERSION,
         "dtype": str(dtype),
@@ -155,6 +160,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         "varlen": varlen,
         "native_attention": native,
         "backend": backend,
+        "invariant_rows": invariant,
         "torch": ".".join(torch.__version__.split(".")[:2]),
         "transformers": ".".join(transformers.__version__.split(".")[:2]),
     }
@@ -175,6 +181,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         native_attention=native,
         chat_template=template,
         backend=backend,
+        invariant_rows=invariant,
     )
 
 
