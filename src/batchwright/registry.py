@@ -32,6 +32,12 @@ class ModelSpec(BaseModel):
     # CPU float32: decode attention by the native kernel (built on first use with the
     # machine's C++ compiler; without one the SDPA path runs, same results).
     native_attention: bool = True
+    # Native attention: a line's result is the same bits whatever shares its steps (a
+    # preempted line recomputed, a seeded line in another batch): steps padded to the row
+    # multiple the CPU's matrix multiply needs, checked at load, and prompts attended by
+    # the paged kernel (engine/invariance.py; cost in docs/engine.md). False: faster long
+    # prompts, and lines equal only up to near ties.
+    batch_invariant: bool = True
     # KV-cache budget in tokens (paged blocks; rows are admitted while it lasts). Default:
     # max_rows rows of full context, on CUDA at most 60 % of the memory free after loading.
     kv_tokens: int | None = None

@@ -94,10 +94,12 @@ def native(
     table: torch.Tensor,
     lens: torch.Tensor,
     scale: float,
+    tiles: bool = True,
 ) -> torch.Tensor:
+    """`tiles` False: each row's bits independent of its neighbours (invariance.py)."""
     kernel = paged_attention_kernel()
     assert kernel is not None, "the native backend needs the compiled kernel"
-    return kernel(q, kpool, vpool, table, lens, scale)
+    return kernel(q, kpool, vpool, table, lens, scale, tiles)
 
 
 def gather(

@@ -56,6 +56,9 @@ class Step:
     varlen: backends.VarlenArgs | None = None
     # Prompts whose leading tokens are cached (not in `bounds`): prefix_attention.py.
     cached: prefix_attention.CachedPrompts | None = None
+    pad: int = 0  # tokens at the end of the row that nobody reads
+    # native: rows on the same blocks may be read together (invariance.py: not when False)
+    tiles: bool = True
 
 
 _PLAN: ContextVar[Step | None] = ContextVar("batchwright_attention_plan", default=None)
@@ -157,7 +160,7 @@ def attention(
         if plan.backend == "native":
             assert plan.lens is not None
             result[0, :n] = backends.native(
-                q[:n].contiguous(), *pools, cache.table, plan.lens, scale
+                q[:n].contiguous(), *pools, cache.table, plan.lens, scale, plan.tiles
             )
         else:
             result[0, :n] = backends.reference(
@@ -175,7 +178,9 @@ def attention(
         )
         result[:, n + s : n + e] = attended.transpose(1, 2)
     if plan.cached is not None:
-        prefix_attention.attend(plan.cached, query, *pools, result, scale, gqa)
+        prefix_attention.attend(plan.cached, query, *pools, result, scale, gqa, plan.tiles)
+    if plan.pad:
+        result[0, -plan.pad :] = 0
     return result, None
 
 

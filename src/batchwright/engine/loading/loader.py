@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from batchwright.engine.attention import backends
 from batchwright.engine.attention import interface as attention
 from batchwright.engine.attention.native import paged_attention_kernel
+from batchwright.engine.invariance import rows_multiple
 from batchwright.engine.loading.demo import ensure_demo_model
 from batchwright.engine.loading.packing import pack
 from batchwright.engine.platform.device import use
@@ -27,7 +28,7 @@ from batchwright.registry import DEMO_MODEL, ModelSpec
 log = logging.getLogger(__name__)
 
 # Bump when a change in the engine can change outputs for the same weights and parameters.
-ENGINE_VERSION = "5"
+ENGINE_VERSION = "6"
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _FULL_HASH_LIMIT = 64 * 1024 * 1024
@@ -51,6 +52,9 @@ class LoadedModel:
     native_attention: bool = False  # decode attention by the native kernel (native.py)
     chat_template: str | None = None  # the registry's template; None: the tokenizer's own
     backend: str = "reference"  # how attention reads the paged cache (attention.py)
+    # Native backend: steps padded to multiples of this many tokens give each row the same
+    # bits whatever shares its step (invariance.py); None: no such guarantee.
+    invariant_rows: int | None = None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -145,6 +149,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     )
     template = _chat_template(spec)
     backend = choose_backend(device, dtype, native)
+    invariant = rows_multiple(model) if backend == "native" and spec.batch_invariant else None
     engine_config = {
         "engine": ENGINE_VERSION,
         "dtype": str(dtype),
@@ -156,6 +161,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         "varlen": varlen,
         "native_attention": native,
         "backend": backend,
+        "invariant_rows": invariant,
         "torch": ".".join(torch.__version__.split(".")[:2]),
         "transformers": ".".join(transformers.__version__.split(".")[:2]),
     }
@@ -176,6 +182,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         native_attention=native,
         chat_template=template,
         backend=backend,
+        invariant_rows=invariant,
     )
 
 

@@ -60,6 +60,7 @@ class ModelRunner:
         self.backend = backend
         self.device = device = lm.device
         self.context_length = lm.context_length
+        self.invariant_rows = lm.invariant_rows if backend == "native" else None
         captured = graphs_on(spec, device, backend)
         self.slots = Slots(
             new_cache(lm, spec, max_rows), max_rows, fixed=device.type == "cuda" or captured
@@ -171,20 +172,38 @@ class ModelRunner:
             ids.append(s.host_long([t for p in placed for t in p.unit.prompt[p.cached :]]))
             positions.append(s.host_long([i for p in placed for i in range(p.cached, p.length)]))
             dest.append(s.host_long([d for p in placed for d in p.dest]))
-        fresh = [b for b, p in zip(bounds, placed, strict=True) if not p.cached]
-        plan = Step(self.cache, n, torch.cat(dest) if placed else dest[0], fresh, self.backend)
+        # Batch-invariant steps (invariance.py): every prompt token through the paged
+        # kernel, as a decode row reads, and the tokens padded to the GEMM's row multiple.
+        multiple = self.invariant_rows
+        fresh = [b for b, p in zip(bounds, placed, strict=True) if not p.cached and not multiple]
+        tokens = n + (bounds[-1][1] if bounds else 0)
+        pad = -tokens % multiple if multiple else 0
+        if pad:
+            ids.append(s.host_long([0] * pad))
+            positions.append(s.host_long([0] * pad))
+            dest.append(s.host_long([0] * pad))
+        plan = Step(
+            self.cache, n, torch.cat(dest) if len(dest) > 1 else dest[0], fresh, self.backend
+        )
+        plan.pad, plan.tiles = pad, not multiple
         plan_attention(plan, s, n, placed, self._max_k(n))
         if self.backend != "varlen":
-            plan.cached = cached_prompts(self.cache, n, placed, bounds, self.backend)
+            plan.cached = cached_prompts(
+                self.cache, n, placed, bounds, self.backend, every=bool(multiple)
+            )
         keep: torch.Tensor | None = None
+        kept = n + len(bounds)
         if placed:
-            keep = s.host_long([*range(n), *(n + e - 1 for _, e in bounds)])
+            rows = [*range(n), *(n + e - 1 for _, e in bounds)]
+            if multiple:
+                rows += [rows[-1]] * (-len(rows) % multiple)
+            keep = s.host_long(rows)
         logits = self.forward.step(
-            torch.cat(ids) if placed else ids[0],
-            torch.cat(positions) if placed else positions[0],
+            torch.cat(ids) if len(ids) > 1 else ids[0],
+            torch.cat(positions) if len(positions) > 1 else positions[0],
             keep,
             plan,
-        )
+        )[:kept]
         if n:
             self._advance(n, logits[:n])
         if placed:

@@ -75,13 +75,17 @@ def cached_prompts(
     placed: Sequence[Placement],
     bounds: Sequence[tuple[int, int]],
     backend: str,
+    every: bool = False,
 ) -> CachedPrompts | None:
-    """The attention plan of the placed prompts with a cached prefix (`bounds`: their new
-    tokens in the packed row, counted after the `rows` decode rows)."""
+    """The attention plan of the placed prompts with a cached prefix, or of all of them
+    with `every` (`bounds`: their new tokens in the packed row, counted after the `rows`
+    decode rows)."""
     spans = [
-        (rows + s, rows + e, p.cached) for (s, e), p in zip(bounds, placed, strict=True) if p.cached
+        (rows + s, rows + e, p.cached)
+        for (s, e), p in zip(bounds, placed, strict=True)
+        if p.cached or every
     ]
     if not spans:
         return None
-    table = cache.host_rows([p.slot for p in placed if p.cached])
+    table = cache.host_rows([p.slot for p in placed if p.cached or every])
     return plan_cached(spans, table, native=backend == "native")

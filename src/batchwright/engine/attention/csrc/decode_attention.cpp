@@ -426,8 +426,12 @@ inline void values_tile(const Step& p, const float* vb, int64_t stop, float* con
 
 }  // namespace paged
 
+//   tiles  whether rows that start on the same blocks may be read together (AVX-512):
+//          their values sum in another order, so a row's bits then depend on its
+//          neighbours; the engine's batch-invariant steps pass false (invariance.py).
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
-                                     torch::Tensor table, torch::Tensor lens, double scale) {
+                                     torch::Tensor table, torch::Tensor lens, double scale,
+                                     bool tiles) {
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
                   v.scalar_type() == torch::kFloat32,
               "paged_decode_attention: float32 only");
@@ -481,7 +485,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Te
   // prefix) read those blocks together, each key and value loaded once for all of them
   // (AVX-512, heads of 16 to 64 dims): there the kernel is bound by instructions, not
   // memory.
-  const bool tiles = p.wide && d <= 64 && bs % paged::kChunk == 0;
+  tiles = tiles && p.wide && d <= 64 && bs % paged::kChunk == 0;
   constexpr int64_t kStates = 3;
   at::parallel_for(0, parts, 1, [&](int64_t first, int64_t last) {
     std::vector<float> acc(kStates * hq * d), top(kStates * hq), sum(kStates * hq),
@@ -598,5 +602,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Te
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
-        "decode attention through a paged cache (float32, CPU)");
+        "decode attention through a paged cache (float32, CPU)", pybind11::arg("q"),
+        pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("table"), pybind11::arg("lens"),
+        pybind11::arg("scale"), pybind11::arg("tiles") = true);
 }
