@@ -35,7 +35,7 @@ class ModelSpec(BaseModel):
     # Native attention: a line's result is the same bits whatever shares its steps (a
     # preempted line recomputed, a seeded line in another batch): steps padded to the row
     # multiple the CPU's matrix multiply needs, checked at load, and prompts attended by
-    # the paged kernel (engine/invariance.py; cost in docs/engine.md). False: faster long
+    # the paged kernel (engine/loading/invariance.py; cost in docs/engine.md). False: faster long
     # prompts, and lines equal only up to near ties.
     batch_invariant: bool = True
     # KV-cache budget in tokens (paged blocks; rows are admitted while it lasts). Default:

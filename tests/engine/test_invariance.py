@@ -1,4 +1,4 @@
-"""Batch invariance (engine/invariance.py): a line gives the same bits whatever shares its
+"""Batch invariance (engine/loading/invariance.py): a line gives the same bits whatever shares its
 steps, the guarantee a seeded request and a preempted line rest on."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from batchwright.engine.engine import Engine
-from batchwright.engine.invariance import rows_multiple
+from batchwright.engine.loading.invariance import rows_multiple
 from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.serving.lines import serve
 

@@ -84,7 +84,7 @@ def _run(
 
 def _same(result: GenResult) -> Any:
     """What must not change, bit for bit: the choices (text, tokens, finish, logprobs) and
-    the usage. Steps are batch-invariant (engine/invariance.py): a row's logits do not
+    the usage. Steps are batch-invariant (engine/loading/invariance.py): a row's logits do not
     depend on what shares its step."""
     assert result.status_code == 200, result.error
     assert result.completion is not None

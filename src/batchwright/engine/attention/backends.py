@@ -96,7 +96,7 @@ def native(
     scale: float,
     tiles: bool = True,
 ) -> torch.Tensor:
-    """`tiles` False: each row's bits independent of its neighbours (invariance.py)."""
+    """`tiles` False: each row's bits independent of its neighbours (loading/invariance.py)."""
     kernel = paged_attention_kernel()
     assert kernel is not None, "the native backend needs the compiled kernel"
     return kernel(q, kpool, vpool, table, lens, scale, tiles)

@@ -57,7 +57,7 @@ class Step:
     # Prompts whose leading tokens are cached (not in `bounds`): prefix_attention.py.
     cached: prefix_attention.CachedPrompts | None = None
     pad: int = 0  # tokens at the end of the row that nobody reads
-    # native: rows on the same blocks may be read together (invariance.py: not when False)
+    # native: rows on the same blocks may be read together (loading/invariance.py: not when False)
     tiles: bool = True
 
 

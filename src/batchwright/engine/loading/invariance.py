@@ -1,6 +1,6 @@
 """Batch invariance on CPU: a row's logits the same bits whatever shares its forward.
 
-A preempted line is computed again from its prompt beside other rows (engine/preempt.py),
+A preempted line is computed again from its prompt beside other rows (scheduling/preempt.py),
 and a seeded line must give the same text whatever else is in its batch. Both hold bit for
 bit only if nothing a row goes through depends on its neighbours. On the native backend
 (CPU, float32) two things did:
@@ -11,7 +11,7 @@ bit only if nothing a row goes through depends on its neighbours. On the native 
   its tokens, and the rows it keeps for the output layer, to that multiple.
 - a prompt attended through SDPA, its first decode through the paged kernel: a line
   recomputed with its generated tokens in a prompt got other bits. Every prompt token now
-  goes through the paged kernel, each as a decode row would (attention.py).
+  goes through the paged kernel, each as a decode row would (attention/interface.py).
 
 The multiple depends on the BLAS, the CPU and the thread count, so it is measured at load
 on the model's own weights (`rows_multiple`), not assumed; where none of the candidates

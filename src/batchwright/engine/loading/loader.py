@@ -18,8 +18,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from batchwright.engine.attention import backends
 from batchwright.engine.attention import interface as attention
 from batchwright.engine.attention.native import paged_attention_kernel
-from batchwright.engine.invariance import rows_multiple
 from batchwright.engine.loading.demo import ensure_demo_model
+from batchwright.engine.loading.invariance import rows_multiple
 from batchwright.engine.loading.packing import pack
 from batchwright.engine.platform.device import use
 from batchwright.engine.platform.host_memory import tune_malloc

@@ -172,7 +172,7 @@ class ModelRunner:
             ids.append(s.host_long([t for p in placed for t in p.unit.prompt[p.cached :]]))
             positions.append(s.host_long([i for p in placed for i in range(p.cached, p.length)]))
             dest.append(s.host_long([d for p in placed for d in p.dest]))
-        # Batch-invariant steps (invariance.py): every prompt token through the paged
+        # Batch-invariant steps (loading/invariance.py): every prompt token through the paged
         # kernel, as a decode row reads, and the tokens padded to the GEMM's row multiple.
         multiple = self.invariant_rows
         fresh = [b for b, p in zip(bounds, placed, strict=True) if not p.cached and not multiple]
