@@ -116,14 +116,17 @@ class ChatChunkWriter:
         return out
 
     def _choice(self, choice: ChoiceDelta) -> list[bytes]:
-        sent = self.choices.get(choice.index)
+        index = choice["index"]
+        sent = self.choices.get(index)
         if sent is not None and sent.finished:
             return []
-        self.tokens += len(choice.token_ids)
-        logprobs = choice.logprobs.model_dump() if choice.logprobs is not None else None
-        out = self._content(choice.index, choice.text, chat_logprobs(logprobs, self._k))
-        if choice.finish_reason is not None:
-            out.append(self._finish(choice.index, choice.finish_reason))
+        self.tokens += len(choice.get("token_ids") or [])
+        lps = choice.get("logprobs")
+        logprobs = dict(lps) if lps else None
+        out = self._content(index, choice["text"], chat_logprobs(logprobs, self._k))
+        finish = choice.get("finish_reason")
+        if finish is not None:
+            out.append(self._finish(index, finish))
         return out
 
     def done(self, completion: dict[str, Any]) -> list[bytes]:

@@ -83,16 +83,19 @@ class ChunkWriter:
 
     def _choice(self, choice: ChoiceDelta) -> list[bytes]:
         out: list[bytes] = []
-        sent = self.choices.get(choice.index)
+        index, text = choice["index"], choice["text"]
+        sent = self.choices.get(index)
         if sent is not None and sent.finished:
             return out  # one finish chunk per choice, whatever a worker repeats
-        self.tokens += len(choice.token_ids)
-        if choice.text or choice.token_ids:
-            token = choice.token_ids[-1] if choice.token_ids else None
-            logprobs = choice.logprobs.model_dump() if choice.logprobs is not None else None
-            out.append(self._text(choice.index, choice.text, token, logprobs))
-        if choice.finish_reason is not None:
-            out.append(self._finish(choice.index, choice.finish_reason))
+        ids = choice.get("token_ids") or []
+        self.tokens += len(ids)
+        if text or ids:
+            token = ids[-1] if ids else None
+            logprobs = choice.get("logprobs")
+            out.append(self._text(index, text, token, dict(logprobs) if logprobs else None))
+        finish = choice.get("finish_reason")
+        if finish is not None:
+            out.append(self._finish(index, finish))
         return out
 
     def done(self, completion: dict[str, Any]) -> list[bytes]:

@@ -9,10 +9,16 @@ the API can ignore a worker that was given up for dead and came back.
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import (
+    Annotated,
+    Any,
+    Literal,
+    NotRequired,  # pydantic: not typing's, before 3.12
+)
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from typing_extensions import TypedDict
 
 
 class OnlineRequest(BaseModel):
@@ -47,7 +53,7 @@ class OnlineRequest(BaseModel):
         return (time.time() if now is None else now) > self.deadline
 
 
-class DeltaLogprobs(BaseModel):
+class DeltaLogprobs(TypedDict):
     """Logprobs of one delta's tokens; `text_offset` continues from the text already sent."""
 
     tokens: list[str]
@@ -56,17 +62,19 @@ class DeltaLogprobs(BaseModel):
     text_offset: list[int]
 
 
-class ChoiceDelta(BaseModel):
-    """New text of one choice. `index` = prompt_index * n + j. `text` is safe to show: no
-    stop sequence, no half UTF-8 character. `token_ids`: the generated tokens this text
-    completes (empty for the echoed prompt). Exactly one delta per choice carries a
-    `finish_reason`."""
+class ChoiceDelta(TypedDict):
+    """New text of one choice: the one type from the engine (engine/output/streaming.py
+    builds them, a plain dict each: no model on the engine's thread) through the worker and
+    Redis to the API (validated as part of a Delta). `index` = prompt_index * n + j.
+    `text` is safe to show: no stop sequence, no half UTF-8 character. `token_ids`: the
+    generated tokens this text completes (empty for the echoed prompt). Exactly one delta
+    per choice carries a `finish_reason`. The engine sends every key."""
 
     index: int
     text: str
-    token_ids: list[int] = Field(default_factory=list)
-    logprobs: DeltaLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    token_ids: NotRequired[list[int]]
+    logprobs: NotRequired[DeltaLogprobs | None]
+    finish_reason: NotRequired[Literal["stop", "length"] | None]
 
 
 class _Event(BaseModel):

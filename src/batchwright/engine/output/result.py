@@ -5,10 +5,10 @@ built from them outside the engine (batchwright/serving)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from batchwright.engine.requests.jobs import Decode, Job, Seq
 from batchwright.protocol.completions import Logprobs
+from batchwright.relay.messages import DeltaLogprobs
 
 TokenText = Callable[[int], str]
 
@@ -54,7 +54,7 @@ class LogprobsBuilder:
         tid, lp = seq.out_ids[index], seq.out_lps[index]
         self.add(tid, lp, top_dict(seq.out_tops[index], self.k, tid, lp, self.tok))
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> DeltaLogprobs:
         """The entries as Logprobs' JSON, without building the model (per-step deltas)."""
         return {
             "tokens": self.tokens,

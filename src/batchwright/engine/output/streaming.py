@@ -18,10 +18,14 @@ sequence, so what was streamed is always a prefix of the final lists.
 
 from __future__ import annotations
 
+from typing import Literal, cast
+
 from batchwright.engine.output.result import LogprobsBuilder, choice_text, kept_tokens
 from batchwright.engine.requests.feed import Delta
 from batchwright.engine.requests.jobs import Job, Seq
 from batchwright.engine.text.text import Text
+
+FinishReason = Literal["stop", "length"]
 
 
 class ChoiceStream:
@@ -68,7 +72,8 @@ class ChoiceStream:
         if seq.finish is not None:
             self.done = True
             text = choice_text(seq, self.e.decode)
-            return self._delta(text, kept_tokens(seq, text, self.e.token_piece), seq.finish)
+            finish = cast(FinishReason, seq.finish)
+            return self._delta(text, kept_tokens(seq, text, self.e.token_piece), finish)
         full = self._text()
         safe = full[: len(full) - seq.stop.held_back(full)] if seq.stop.stops else full
         # Tokens whose text starts inside what will have been sent.
@@ -92,7 +97,7 @@ class ChoiceStream:
             self.seen = len(seq.out_ids)
         return self.text.text
 
-    def _delta(self, text: str, tokens: int, finish: str | None) -> Delta:
+    def _delta(self, text: str, tokens: int, finish: FinishReason | None) -> Delta:
         """The delta up to `text` (the generated text sent once it goes) and `tokens`."""
         job, seq, req = self.job, self.seq, self.job.req
         ids = seq.out_ids[self.tokens : tokens]

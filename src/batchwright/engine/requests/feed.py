@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from batchwright.engine.requests.types import EngineRequest, GenResult
+from batchwright.relay.messages import ChoiceDelta
 
-# One choice's delta (relay/messages.py's ChoiceDelta): output/streaming.py builds them.
-Delta = dict[str, Any]
+# One choice's delta, as the relay carries it to the API: output/streaming.py builds them.
+Delta = ChoiceDelta
 
 
 class OnlineFeed(Protocol):
