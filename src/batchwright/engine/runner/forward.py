@@ -66,7 +66,9 @@ class Forward:
         if keep is not None and not self.lm.has_logits_to_keep:
             logits = logits.index_select(0, keep)
         if self.observers:
-            self._tell(time.perf_counter() - start, sum(e - s for s, e in plan.bounds))
+            # The tokens after the decode rows, less the padding: also the prompts whose
+            # attention is not in `bounds` (cached prefixes, batch-invariant steps).
+            self._tell(time.perf_counter() - start, ids.shape[0] - plan.rows - plan.pad)
         return logits
 
     def _tell(self, seconds: float, prompt_tokens: int) -> None:
