@@ -1,5 +1,9 @@
-"""Generation engine. Importing this package imports torch: never from the API process.
+"""Generation engine. Its modules import torch (requests/types.py and requests/observer.py
+do not): never from the API process.
 
-Entry point: `batchwright.engine.engine.Engine` (`Engine.load(spec)`, `engine.run(requests)`).
-Semantics and batching design: docs/engine.md.
+Entry point: `batchwright.engine.engine.Engine`: `Engine.load(spec)` once per model,
+`engine.prepare(line)` (off the engine's thread) and `engine.run(requests)`; the wire
+objects of its results are built by `batchwright.serving`. Layers (engine > scheduling |
+runner | output > loading > attention > kv > requests > sampling | text > platform) are
+checked by import-linter. Semantics and batching design: docs/engine.md.
 """
