@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from batchwright.batches.quotas import TokenCounter
 from batchwright.config import Settings
 from batchwright.engine.engine import Engine
-from batchwright.engine.requests.types import EngineRequest, GenRequest, GenResult
+from batchwright.engine.requests.request import EngineRequest
+from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.protocol.completions import KNOWN_PARAMS, check_completion_body
 from batchwright.registry import Registry
 

@@ -27,7 +27,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
 from batchwright.config import Settings
-from batchwright.engine.requests.types import EngineRequest, GenRequest, GenResult
+from batchwright.engine.requests.request import EngineRequest
+from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.protocol.chat import chat_id
 from batchwright.relay.factory import worker_relay
 from batchwright.relay.messages import (

@@ -20,7 +20,8 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from batchwright.db.session import session_scope
-from batchwright.engine.requests.types import EngineRequest, GenRequest, GenResult
+from batchwright.engine.requests.request import EngineRequest
+from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.serving.wire import Wire
 from batchwright.worker import metrics
 from batchwright.worker.results import write_results

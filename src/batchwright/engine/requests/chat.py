@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from batchwright.engine.requests.jobs import bad_request
+from batchwright.engine.requests.request import EngineRequest
 from batchwright.engine.requests.tokenize import counted, tokenize
-from batchwright.engine.requests.types import EngineRequest, GenRequest, GenResult
+from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.engine.requests.validated import request_of
 from batchwright.protocol.chat import ChatCompletionRequest, check_chat_body
 from batchwright.protocol.completions import CompletionRequest

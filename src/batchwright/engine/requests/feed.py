@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from batchwright.engine.requests.types import EngineRequest, GenResult
+from batchwright.engine.requests.request import EngineRequest
+from batchwright.engine.requests.types import GenResult
 from batchwright.relay.messages import ChoiceDelta
 
 # One choice's delta, as the relay carries it to the API: output/streaming.py builds them.

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchwright.engine.requests.types import EngineRequest, GenResult, Sampling
+from batchwright.engine.requests.request import EngineRequest, Sampling
+from batchwright.engine.requests.types import GenResult
 from batchwright.engine.sampling.params import RowParams
 from batchwright.engine.text.stop import StopChecker
 

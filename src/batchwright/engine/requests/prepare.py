@@ -18,8 +18,9 @@ from typing import Any
 
 from batchwright.engine.requests.chat import prepare_chat
 from batchwright.engine.requests.jobs import Decode, bad_request
+from batchwright.engine.requests.request import EngineRequest
 from batchwright.engine.requests.tokenize import counted, tokenize
-from batchwright.engine.requests.types import EngineRequest, GenRequest, GenResult, Wake
+from batchwright.engine.requests.types import GenRequest, GenResult, Wake
 from batchwright.engine.requests.validated import request_of
 from batchwright.protocol.completions import check_completion_body
 from batchwright.protocol.endpoints import CHAT, COMPLETIONS, endpoint_of

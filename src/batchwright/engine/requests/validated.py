@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from batchwright.engine.requests.jobs import bad_request
-from batchwright.engine.requests.types import EngineRequest, GenRequest, GenResult, Sampling
+from batchwright.engine.requests.request import EngineRequest, Sampling
+from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.protocol.completions import CompletionRequest
 
 

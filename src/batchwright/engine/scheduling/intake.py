@@ -17,7 +17,8 @@ from concurrent import futures
 from typing import Any
 
 from batchwright.engine.requests.jobs import Job, PromptScores, Unit, bad_request, units_of
-from batchwright.engine.requests.types import EngineRequest, GenResult, Wake
+from batchwright.engine.requests.request import EngineRequest
+from batchwright.engine.requests.types import GenResult, Wake
 from batchwright.engine.sampling.grammar import grammar_error
 
 # What the engine's sources yield: requests, results of lines refused before the engine

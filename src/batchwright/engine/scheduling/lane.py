@@ -21,7 +21,8 @@ from typing import Any, Protocol
 
 from batchwright.engine.requests.feed import OnlineFeed
 from batchwright.engine.requests.jobs import Job, Unit, bad_request, units_of
-from batchwright.engine.requests.types import EngineRequest, GenResult
+from batchwright.engine.requests.request import EngineRequest
+from batchwright.engine.requests.types import GenResult
 from batchwright.engine.sampling.grammar import grammar_error
 from batchwright.engine.scheduling import preempt
 from batchwright.engine.scheduling.intake import Intake, Score, Start
