@@ -34,7 +34,7 @@ from _harness import demo_home, demo_lines, done_lines, submit, temp_database
 
 class PythonBound:
     """Answers each request after `ms` ms of pure Python: nothing but the GIL and a core.
-    Like the engine (engine/intake.py) it tops a window up each step with what its source
+    Like the engine (engine/scheduling/intake.py) it tops a window up each step with what its source
     holds ready, waiting only when it has nothing to work on."""
 
     max_rows = 64

@@ -182,7 +182,7 @@ class Intake:
         self.pending = [u for u in self.pending if u.job.key not in keys]
 
     def requeue(self, job: Job) -> None:
-        """`job` waits again, ahead of the lines that never ran (engine/preempt.py)."""
+        """`job` waits again, ahead of the lines that never ran (engine/scheduling/preempt.py)."""
         units = units_of(job)
         self.pending[:0] = units
         self._groups.update(u.job.group for u in units)
