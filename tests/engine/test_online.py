@@ -153,7 +153,7 @@ def test_a_preempted_line_comes_back_through_the_prefill_it_took_first(
     """Its own prompt blocks are still cached when it comes back, but reading them through
     the pages would compute the rest of the prompt in another kernel (other rounding, and
     an argmax near a tie may flip): it uses as many cached blocks as its first prefill."""
-    from batchwright.engine.scheduling import scheduler
+    from batchwright.engine.kv.manager import KVManager
 
     story = " ".join(["once upon a time there was a river and a stone"] * 8)
     lines = [
@@ -161,14 +161,14 @@ def test_a_preempted_line_comes_back_through_the_prefill_it_took_first(
         for i in range(8)
     ]
     placed: list[tuple[Any, int, int]] = []
-    place = scheduler.place
+    place = KVManager.place
 
-    def recording(*args: Any, **kwargs: Any) -> Any:
-        out = place(*args, **kwargs)
+    def recording(self: KVManager, *args: Any, **kwargs: Any) -> Any:
+        out = place(self, *args, **kwargs)
         placed.extend((p.unit.job.key, p.unit.prompt_index, p.cached) for p in out)
         return out
 
-    monkeypatch.setattr(scheduler, "place", recording)
+    monkeypatch.setattr(KVManager, "place", recording)
     feed = Feed({3: [_online(0)], 8: [_online(1)], 14: [_online(2)]})
     _run(make_engine(max_rows=4, prefix_cache=True), lines, feed)
     first: dict[tuple[Any, int], int] = {}
