@@ -11,7 +11,7 @@ from rich.table import Table
 projects = typer.Typer(
     help="Project weights (fair share), quotas and online rate limits.", no_args_is_help=True
 )
-console = Console()
+console = Console(markup=False)  # project names are anyone's text
 
 NO_LIMIT = "Use 0 to remove the limit."
 # The columns are BIGINT: a larger limit is a usage error here, not a database traceback.

@@ -30,7 +30,10 @@ def ready(settings: SettingsDep) -> ORJSONResponse:
         checks["database"] = "ok"
     except Exception as exc:
         checks["database"] = f"unreachable: {type(exc).__name__}"
-    if settings.broker_url:
+    if not settings.broker_url:
+        # Without a broker no batch is ever validated: the API alone is not ready.
+        checks["broker"] = "not configured (BATCHWRIGHT_BROKER_URL)"
+    else:
         try:
             import redis
 

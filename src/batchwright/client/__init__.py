@@ -8,6 +8,7 @@ command groups are imported when one of them runs (or help lists them), not with
 from __future__ import annotations
 
 import importlib
+import sys
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any
 
@@ -36,6 +37,26 @@ class ClientGroup(TyperGroup):
             group.name = cmd_name
             self.commands[cmd_name] = group
         return super().get_command(ctx, cmd_name)
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            # The operator commands (db, keys, projects, webhooks) on a database that is
+            # missing, down or not migrated: one line naming it and the fix.
+            sa_exc = sys.modules.get("sqlalchemy.exc")
+            if sa_exc is None or not isinstance(exc, sa_exc.SQLAlchemyError):
+                raise
+            from rich.console import Console
+
+            from batchwright.config import get_settings
+            from batchwright.db.problems import explain
+
+            line = explain(exc, get_settings().resolved_database_url())
+            Console(stderr=True, soft_wrap=True).print(
+                f"error: {line}", highlight=False, markup=False
+            )
+            raise typer.Exit(1) from None
 
 
 def _version(show: bool) -> None:

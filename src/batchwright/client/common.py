@@ -34,9 +34,11 @@ ApiKey = Annotated[
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
 
-out = Console(highlight=False)
+# No markup: what is printed comes from the service and from people (file names, messages,
+# metadata) and may hold brackets that Rich would take for tags and drop.
+out = Console(highlight=False, markup=False)
 # Errors are one line whatever the terminal width.
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -123,7 +123,7 @@ class RunView:
 
     def note(self, message: str) -> None:
         """A line printed above the progress line (or alone when it is disabled)."""
-        self.console.print(message, highlight=False)
+        self.console.print(message, highlight=False, markup=False)
 
     @contextmanager
     def doing(self, what: str) -> Iterator[float]:

@@ -7,16 +7,18 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from batchwright.errors import APIError
 
 webhooks = typer.Typer(help="Webhook endpoints of a project.", no_args_is_help=True)
-err = Console(stderr=True)
+err = Console(stderr=True, highlight=False)
 
 
 def _fail(exc: APIError) -> None:
-    err.print(f"[red]error:[/red] {exc.message}", highlight=False, soft_wrap=True)
+    # A message may quote a URL such as http://[fe80::1]/, which Rich would read as a tag.
+    err.print(f"[red]error:[/red] {escape(exc.message)}", soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -41,7 +43,7 @@ def add(
     except APIError as exc:
         _fail(exc)
         return
-    err.print(f"endpoint id: {endpoint_id} (the secret below is not shown again)", highlight=False)
+    err.print(f"endpoint id: {endpoint_id} (the secret below is not shown again)", markup=False)
     sys.stdout.write(secret + "\n")
 
 
@@ -58,7 +60,7 @@ def list_(
         for endpoint, project_name in list_endpoints(session, project):
             events = ", ".join(endpoint.event_types) if endpoint.event_types else "all"
             table.add_row(endpoint.id, project_name, endpoint.url, events, str(endpoint.created_at))
-    Console(width=200).print(table)
+    Console(width=200, markup=False).print(table)
 
 
 @webhooks.command("remove")
@@ -72,4 +74,4 @@ def remove(endpoint_id: str) -> None:
             remove_endpoint(session, endpoint_id)
     except APIError as exc:
         _fail(exc)
-    err.print(f"removed {endpoint_id}", highlight=False)
+    err.print(f"removed {endpoint_id}", markup=False)
