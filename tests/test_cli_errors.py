@@ -82,8 +82,14 @@ def test_readyz_fails_without_a_broker(pg_url: str, tmp_path: Path) -> None:
         body = ready.json()
         assert body["status"] == "unavailable" and body["database"] == "ok"
         assert body["broker"] == "not configured (BATCHWRIGHT_BROKER_URL)"
+        # Error envelopes of the API and of the online endpoint: no deprecation warnings
+        # in the log (FastAPI deprecated ORJSONResponse; one warning per place it was used).
+        assert httpx.get(url + "/v1/models", timeout=10).status_code == 401
+        assert httpx.post(url + "/v1/completions", timeout=10).status_code == 401
+        assert httpx.post(url + "/v1/chat/completions", timeout=10).status_code == 401
     finally:
         proc.stop()
+    assert "DeprecationWarning" not in proc.output(), proc.output()
 
 
 def _missing_database() -> str:

@@ -145,6 +145,9 @@ def worker(
     if control_only and not control:
         Console(stderr=True).print("error: --control-only and --no-control exclude each other")
         raise typer.Exit(2)
+    # transformers draws a "Loading weights" bar on stderr, which Celery logs as WARNING
+    # lines; read before transformers is imported. The worker logs the load itself.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if models is not None:
         os.environ["BATCHWRIGHT_WORKER_MODELS"] = models
     if control_only:
@@ -172,7 +175,7 @@ def worker(
     if supervised_by is not None:
         argv += ["-n", "control@%h"]
         supervisor.tag_logs(celery_app, "control")
-    schedule = os.path.join(os.environ.get("TMPDIR", "/tmp"), "bw-beat-schedule")
+    schedule = _beat_schedule()
     children = supervisor.companions(
         control=control and not control_only, beat=beat, loglevel=loglevel, schedule=schedule
     )
@@ -180,10 +183,26 @@ def worker(
         celery_app.worker_main(argv)
 
 
+def _beat_schedule() -> str:
+    """Beat's state file, one per deployment (queue) under BATCHWRIGHT_HOME: one /tmp file
+    had every deployment on a host share (and overwrite) one schedule."""
+    from batchwright.config import get_settings
+
+    settings = get_settings()
+    settings.home.mkdir(parents=True, exist_ok=True)
+    return str(settings.home / f"beat-schedule-{settings.queue}")
+
+
 @app.command()
 def beat(
     loglevel: Annotated[str, typer.Option()] = "INFO",
-    schedule: Annotated[str, typer.Option(help="Beat's schedule state file.")] = "",
+    schedule: Annotated[
+        str,
+        typer.Option(
+            help="Beat's state file (default: BATCHWRIGHT_HOME/beat-schedule-QUEUE).",
+            show_default=False,
+        ),
+    ] = "",
     supervised_by: Annotated[int | None, typer.Option(hidden=True)] = None,
 ) -> None:
     """Run the periodic sweeper alone (one per deployment; needs the same two URLs)."""
@@ -196,9 +215,7 @@ def beat(
         bind_to_parent(supervised_by)
         tag_logs(celery_app, "sweeper")
 
-    argv = ["beat", f"--loglevel={loglevel}"]
-    if schedule:
-        argv += ["--schedule", schedule]
+    argv = ["beat", f"--loglevel={loglevel}", "--schedule", schedule or _beat_schedule()]
     celery_app.start(argv)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from datetime import UTC, datetime
 from typing import Annotated
 
 import typer
@@ -44,23 +45,62 @@ def add(
         _fail(exc)
         return
     err.print(f"endpoint id: {endpoint_id} (the secret below is not shown again)", markup=False)
+    if _private(url):
+        # Deliveries check the address again, in the workers: without the setting there
+        # every delivery fails for good (`webhooks list` shows it).
+        err.print(
+            "note: a private or loopback address: the workers need "
+            "BATCHWRIGHT_WEBHOOK_ALLOW_PRIVATE_TARGETS=true too, or nothing is delivered",
+            markup=False,
+        )
     sys.stdout.write(secret + "\n")
+
+
+def _private(url: str) -> bool:
+    from batchwright.webhooks.targets import check_url
+
+    try:
+        check_url(url, allow_private=False)
+    except APIError:
+        return True
+    return False
 
 
 @webhooks.command("list")
 def list_(
     project: Annotated[str | None, typer.Option(help="Only this project.")] = None,
 ) -> None:
-    """List endpoints (secrets are never shown again)."""
+    """List endpoints with their deliveries by state and the last delivery error (secrets
+    are never shown again)."""
     from batchwright.db.session import session_scope
-    from batchwright.webhooks.service import list_endpoints
+    from batchwright.webhooks.service import delivery_states, list_endpoints
 
-    table = Table("id", "project", "url", "events", "created_at")
+    table = Table("id", "project", "url", "events", "created", "deliveries", "last error")
     with session_scope() as session:
-        for endpoint, project_name in list_endpoints(session, project):
+        endpoints = list_endpoints(session, project)
+        states = delivery_states(session, [endpoint.id for endpoint, _ in endpoints])
+        for endpoint, project_name in endpoints:
             events = ", ".join(endpoint.event_types) if endpoint.event_types else "all"
-            table.add_row(endpoint.id, project_name, endpoint.url, events, str(endpoint.created_at))
+            state = states[endpoint.id]
+            deliveries = ", ".join(
+                f"{state.counts[name]} {name}"
+                for name in ("delivered", "pending", "failed")
+                if state.counts.get(name)
+            )
+            table.add_row(
+                endpoint.id,
+                project_name,
+                endpoint.url,
+                events,
+                _when(endpoint.created_at),
+                deliveries or "none yet",
+                (state.last_error or "")[:160],
+            )
     Console(width=200, markup=False).print(table)
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 @webhooks.command("remove")
