@@ -178,3 +178,15 @@ def test_messages_with_brackets_are_printed_whole(tmp_path: Path) -> None:
     done = cli("worker", BATCHWRIGHT_MODELS_FILE=str(models), COLUMNS="300")
     assert done.returncode == 2
     assert '(a name with dots needs quotes: [models."qwen2.5-0.5b"])' in one_line(done)
+
+
+@pytest.mark.parametrize(
+    ("args", "usage"),
+    [(("run",), " run [OPTIONS] FILE"),
+     (("batches", "submit"), " batches submit [OPTIONS] PATH"),
+     (("keys", "revoke"), " keys revoke [OPTIONS] KEY_ID")],
+)  # fmt: skip
+def test_help_pages_read_plainly(args: tuple[str, ...], usage: str) -> None:
+    done = cli(*args, "--help", COLUMNS="120")
+    assert done.returncode == 0 and usage in done.stdout, done.stdout
+    assert "<bool>" not in done.stdout and "{" not in done.stdout

@@ -79,6 +79,29 @@ def _main(
     """Self-hosted, OpenAI-compatible batch inference."""
 
 
+def plain_help() -> None:
+    """Recent typer prints every flag's type as `<bool>` and a required argument as `{file}`
+    in help pages, which read as things to type: flags get no type, arguments read FILE
+    (and [FILE] when optional). A typer without these methods keeps its own help."""
+    from typer import core
+
+    typed = getattr(core.TyperOption, "display_type_rich", None)
+    if typed is not None:
+
+        def display_type_rich(self: Any, ctx: Any) -> str | None:
+            return None if self.is_flag else typed(self, ctx)
+
+        core.TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+    if hasattr(core.TyperArgument, "_usage_display_name"):
+
+        def usage_name(self: Any) -> str:
+            name = str(self.metavar or self.name or "").upper()
+            name = name if self.required else f"[{name}]"
+            return name + ("..." if self.nargs != 1 else "")
+
+        core.TyperArgument._usage_display_name = usage_name  # type: ignore[method-assign]
+
+
 def register(app: typer.Typer, keys: typer.Typer) -> None:
     """Add the client's eager parts to the `batchwright` app (made with cls=ClientGroup,
     which adds the command groups on first use). `complete` is light: the SDK is imported
@@ -86,6 +109,7 @@ def register(app: typer.Typer, keys: typer.Typer) -> None:
     from batchwright.client.complete import complete
     from batchwright.client.keys import keys_list
 
+    plain_help()
     app.callback()(_main)
     app.command("complete")(complete)
     keys.command("list")(keys_list)
