@@ -14,7 +14,7 @@ from rich.table import Table
 from batchwright.errors import APIError
 
 webhooks = typer.Typer(help="Webhook endpoints of a project.", no_args_is_help=True)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per message
 
 
 def _fail(exc: APIError) -> None:
