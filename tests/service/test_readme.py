@@ -98,7 +98,9 @@ def test_readme_service_and_cli_blocks_as_written(bw_home: Path, tmp_path: Path)
             time.sleep(1)
 
         lines = [ln for ln in adapt(client).splitlines() if ln.strip()]
-        exports = lines[0].replace("sk-bw-...", key)
+        # The same shell as the service block (`keys list` reads its database export).
+        service_exports = "\n".join(ln for ln in setup.splitlines() if ln.startswith("export "))
+        exports = service_exports + "\n" + lines[0].replace("sk-bw-...", key)
         (tmp_path / "examples").mkdir()
         example = README.parent / "examples" / "completions.jsonl"
         (tmp_path / "examples" / "completions.jsonl").write_bytes(example.read_bytes())
