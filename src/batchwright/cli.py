@@ -31,6 +31,25 @@ client.register(app, keys)
 console = Console()
 
 
+def _embedded_database_note() -> None:
+    """The operator commands work on the service's database; in a shell without its export
+    they would quietly use the embedded SQLite, so they say so (on stderr)."""
+    from batchwright.config import get_settings
+
+    settings = get_settings()
+    if not settings.database_url:
+        Console(stderr=True, soft_wrap=True).print(
+            "note: BATCHWRIGHT_DATABASE_URL is not set: using the embedded SQLite at "
+            f"{settings.home / 'batchwright.sqlite3'}, not a service's database",
+            highlight=False,
+            markup=False,
+        )
+
+
+for _group in (keys, db, projects, webhooks_cli):
+    _group.callback()(_embedded_database_note)
+
+
 def _check_registry() -> None:
     """A missing or broken models file: one line naming it and the problem, exit 2."""
     from batchwright.registry import RegistryError, load_registry
@@ -230,9 +249,7 @@ def db_upgrade() -> None:
     upgrade_head()
     settings = get_settings()
     where = make_url(settings.resolved_database_url()).render_as_string(hide_password=True)
-    # Said, so that a shell without the export sees it went to the embedded SQLite.
-    unset = "" if settings.database_url else " (BATCHWRIGHT_DATABASE_URL is not set)"
-    console.print(f"database at head: {where}{unset}", markup=False, highlight=False)
+    console.print(f"database at head: {where}", markup=False, highlight=False)
 
 
 def _fail(message: str) -> NoReturn:

@@ -29,7 +29,12 @@ def explain(exc: SQLAlchemyError, url: str) -> str:
     name, createdb = _where(url)
     if "database" in low and "does not exist" in low:
         return f"{name} does not exist: create it (`{createdb}`), then `batchwright db upgrade`"
-    if "no such table" in low or ("relation" in low and "does not exist" in low):
+    if "no such table" in low:
+        return (
+            f"{name} has no tables yet: for a service's database export "
+            "BATCHWRIGHT_DATABASE_URL; for this one run `batchwright db upgrade` first"
+        )
+    if "relation" in low and "does not exist" in low:
         return f"{name} has no tables yet: run `batchwright db upgrade` first"
     if "password authentication failed" in low or ("role" in low and "does not exist" in low):
         return f"{name} refused the user: {_first(text)} (BATCHWRIGHT_DATABASE_URL)"
