@@ -191,3 +191,12 @@ def test_help_pages_read_plainly(args: tuple[str, ...], usage: str) -> None:
     done = cli(*args, "--help", COLUMNS="120")
     assert done.returncode == 0 and usage in done.stdout, done.stdout
     assert "<bool>" not in done.stdout and "{" not in done.stdout
+
+
+def test_operator_commands_say_when_they_use_the_embedded_sqlite(tmp_path: Path) -> None:
+    """A fresh shell without the export: `keys list` would read an empty SQLite file."""
+    done = cli("keys", "list", BATCHWRIGHT_HOME=str(tmp_path))
+    assert done.returncode == 1
+    note, error = done.stderr.strip().splitlines()
+    assert note.startswith("note: BATCHWRIGHT_DATABASE_URL is not set: using the embedded SQLite")
+    assert "for a service's database export BATCHWRIGHT_DATABASE_URL" in error
