@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import ORJSONResponse
 from sqlalchemy import text
 
 from batchwright.api.deps import ProjectDep, SettingsDep
+from batchwright.api.responses import JSONBody
 from batchwright.db.session import get_engine
 from batchwright.errors import NotFound
 from batchwright.protocol.batches import ListObject, Model
@@ -22,7 +22,7 @@ def live() -> dict[str, str]:
 
 
 @router.get("/readyz", tags=["health"])
-def ready(settings: SettingsDep) -> ORJSONResponse:
+def ready(settings: SettingsDep) -> JSONBody:
     checks: dict[str, str] = {}
     try:
         with get_engine().connect() as conn:
@@ -30,7 +30,10 @@ def ready(settings: SettingsDep) -> ORJSONResponse:
         checks["database"] = "ok"
     except Exception as exc:
         checks["database"] = f"unreachable: {type(exc).__name__}"
-    if settings.broker_url:
+    if not settings.broker_url:
+        # Without a broker no batch is ever validated: the API alone is not ready.
+        checks["broker"] = "not configured (BATCHWRIGHT_BROKER_URL)"
+    else:
         try:
             import redis
 
@@ -42,7 +45,7 @@ def ready(settings: SettingsDep) -> ORJSONResponse:
     body: dict[str, object] = {"status": "ok" if ok else "unavailable", **checks}
     if checks["database"] == "ok" and settings.broker_url:
         body["models"] = model_capacity(settings)  # live workers per model
-    return ORJSONResponse(body, status_code=200 if ok else 503)
+    return JSONBody(body, status_code=200 if ok else 503)
 
 
 @router.get("/v1/models", tags=["models"])

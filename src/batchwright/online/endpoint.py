@@ -18,9 +18,10 @@ from typing import Any, TypeVar
 
 import anyio
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import ORJSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from batchwright.api.responses import JSONBody
 from batchwright.errors import APIError, InvalidRequest, NotFound, RateLimited, Unavailable
 from batchwright.online.admission import Caller, admit
 from batchwright.online.body import ClientGone, read_json
@@ -40,8 +41,8 @@ T = TypeVar("T")
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-def _json_error(exc: APIError, headers: dict[str, str] | None = None) -> ORJSONResponse:
-    return ORJSONResponse(exc.body(), status_code=exc.status_code, headers=headers or None)
+def _json_error(exc: APIError, headers: dict[str, str] | None = None) -> JSONBody:
+    return JSONBody(exc.body(), status_code=exc.status_code, headers=headers or None)
 
 
 @router.post("/v1/completions")
@@ -235,7 +236,7 @@ async def _answer(
         return _json_error(exc, call.headers)
     call.completed(end.completion)
     _finish(rt, caller, call)
-    return ORJSONResponse(end.completion, headers=call.headers or None)
+    return JSONBody(end.completion, headers=call.headers or None)
 
 
 async def _stream(
