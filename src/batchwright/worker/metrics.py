@@ -102,6 +102,16 @@ def instrument(engine: Engine, model: str) -> None:
         return
     step = STEP_SECONDS.labels(model)
     prefill = PREFILL_TOKENS.labels(model)
+    embedder = getattr(engine, "engine", None)
+    if embedder is not None and hasattr(embedder, "on_forward"):
+        # An embedding model (worker/embedding.py): its engine reports each forward.
+        def forward(seconds: float, tokens: int) -> None:
+            step.observe(seconds)
+            prefill.observe(tokens)
+
+        embedder.on_forward = forward
+        engine._bw_instrumented = True  # type: ignore[attr-defined]
+        return
 
     def timed(fn: Callable[..., Any], prompt_tokens: Callable[..., int]) -> Callable[..., Any]:
         @functools.wraps(fn)
