@@ -178,12 +178,11 @@ class EmbedEngine:
         return job
 
     def _tokenize(self, texts: list[str]) -> tuple[list[list[int]], int]:
-        """Token ids as sentence-transformers' Transformer module makes them (stripped,
-        lower-cased where its config says, the default prompt in front), and the tokens
-        of the prompt that pooling may leave out."""
+        """Token ids as sentence-transformers' Transformer module makes them (lower-cased
+        where its config says, the default prompt in front; since version 6 it no longer
+        strips whitespace), and the tokens of the prompt that pooling may leave out."""
         lm = self.lm
         cfg = lm.config
-        texts = [t.strip() for t in texts]
         if cfg.do_lower_case:
             texts = [t.lower() for t in texts]
         prompt_tokens = 0
