@@ -115,7 +115,9 @@ def main() -> None:
             cpu[name] += time.process_time() - t0
             wall[name] += time.perf_counter() - w0
             (ref_parts if name == "sentence-transformers" else got_parts).append(out)
-        print(f"chunk {c + 1}/{args.chunks}: " + ", ".join(f"{k} {v:.1f} s" for k, v in cpu.items()))
+        print(
+            f"chunk {c + 1}/{args.chunks}: " + ", ".join(f"{k} {v:.1f} s" for k, v in cpu.items())
+        )
     ref, got = np.concatenate(ref_parts), np.concatenate(got_parts)
     cos = (ref * got).sum(1) / np.linalg.norm(ref, axis=1) / np.linalg.norm(got, axis=1)
     print(f"agreement: min cosine {cos.min():.7f}, max abs diff {np.abs(ref - got).max():.2e}")

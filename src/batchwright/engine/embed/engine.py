@@ -261,13 +261,18 @@ class EmbedEngine:
         limit: int | None = None,
         room: int | None = None,
     ) -> Iterator[EmbedJob]:
-        """Jobs from the source: one (waiting for it) when `wait`, `limit` ready ones, or
-        until `room` tokens are read. Returns True when the source ended."""
+        """Jobs from the source: with `wait` (nothing to do) a forward's worth, waiting for
+        each (`max_rows` requests or `max_batch_tokens` tokens, as the generation engine
+        waits for a batch's worth: a forward of the first line alone, then of the next,
+        would run a line at a time while a claim's lines arrive); else `limit` ready ones,
+        or until `room` tokens are read. Returns True when the source ended."""
         count = 0
         while True:
             if limit is not None and count >= limit:
                 return False
             if room is not None and count and queue.tokens >= room:
+                return False
+            if wait and queue and (count >= self.max_rows or queue.tokens >= self.max_batch_tokens):
                 return False
             job = next(it, None)
             if job is None:
@@ -276,8 +281,6 @@ class EmbedEngine:
                 return False
             count += 1
             yield from self._admit(job, queue, live)
-            if wait and queue:
-                return False
 
     @torch.inference_mode()
     def _forward(self, inputs: list[Input], live: dict[Any, EmbedJob]) -> Iterator[Embedded]:
