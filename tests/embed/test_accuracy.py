@@ -157,3 +157,45 @@ def test_padded_path_matches_too(models: Callable[..., tuple[Any, EmbeddingRunne
         close(vectors(embed(runner, [{"input": TEXTS}])[0]), st.encode(TEXTS, batch_size=3))
     finally:
         runner.lm.packed = True
+
+
+def test_cancels_and_online_requests_through_the_run_contract(
+    models: Callable[..., tuple[Any, EmbeddingRunner]],
+) -> None:
+    """The engine host's contract: a cancelled key gets no result; an online request (the
+    relay's feed) is started, and answered ahead of the batch lines waiting with it."""
+    st, runner = models(build_encoder)
+    lines = [GenRequest(key=("line", i), body={"model": "m", "input": TEXTS}) for i in range(6)]
+    asked: list[int] = []
+
+    def cancelled() -> set[Any]:
+        # Asked once a forward: at the second, line 0 was read (the first forward was the
+        # online request's alone) and waits.
+        asked.append(1)
+        return {("line", 0)} if len(asked) == 2 else set()
+
+    class Feed:
+        def __init__(self) -> None:
+            self.sent = False
+            self.begun: list[tuple[Any, int]] = []
+
+        def take(self) -> list[GenRequest]:
+            if self.sent:
+                return []
+            self.sent = True
+            return [GenRequest(key="online", body={"model": "m", "input": TEXTS[:2]})]
+
+        def started(self, key: Any, tokens: int) -> None:
+            self.begun.append((key, tokens))
+
+        def rows(self, online: int) -> None:
+            pass
+
+    feed = Feed()
+    results = list(runner.run(lines, cancelled, feed))  # type: ignore[arg-type]
+    keys = [r.key for r in results]
+    assert keys[0] == "online"
+    assert ("line", 0) not in keys and len(keys) == 6
+    close(vectors(results[0].completion), st.encode(TEXTS[:2]))  # type: ignore[arg-type]
+    ids = runner.lm.tokenizer(TEXTS[:2])["input_ids"]
+    assert feed.begun == [("online", sum(map(len, ids)))]

@@ -51,7 +51,7 @@ class EmbeddingRequest(BaseModel):
         if not v:
             raise ValueError("'input' cannot be an empty array")
         if isinstance(v[0], int):
-            if any(t < 0 for t in v):  # type: ignore[operator]
+            if any(t < 0 for t in v):
                 raise ValueError("token ids must be non-negative")
             return v
         if len(v) > MAX_INPUTS:
@@ -62,7 +62,7 @@ class EmbeddingRequest(BaseModel):
                     raise ValueError(f"input[{i}] is an empty string; inputs must not be empty")
             elif not item:
                 raise ValueError(f"input[{i}] is an empty array of token ids")
-            elif any(t < 0 for t in item):
+            elif any(t < 0 for t in item):  # type: ignore[operator]
                 raise ValueError(f"input[{i}] holds a negative token id")
         return v
 
@@ -73,8 +73,8 @@ class EmbeddingRequest(BaseModel):
         if isinstance(v, str):
             return [v]
         if isinstance(v[0], int):
-            return [v]  # type: ignore[list-item]
-        return v  # type: ignore[return-value]
+            return [v]
+        return v
 
     @property
     def input_count(self) -> int:

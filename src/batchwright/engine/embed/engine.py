@@ -292,7 +292,8 @@ class EmbedEngine:
             inputs,
             lm.device,
             position_offset=lm.position_offset,
-            varlen=lm.device.type == "cuda" and lm.packed,
+            # FlashAttention's varlen kernel takes half precision only.
+            varlen=lm.device.type == "cuda" and lm.dtype in (torch.float16, torch.bfloat16),
             skip_prompt=not lm.config.include_prompt,
         )
         hidden = self.forward(p)
