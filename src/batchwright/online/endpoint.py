@@ -30,6 +30,7 @@ from batchwright.online.chat_chunks import ChatChunkWriter
 from batchwright.online.chunks import ChunkWriter
 from batchwright.online.ratelimit import Decision, estimate_tokens
 from batchwright.online.runtime import Runtime, runtime
+from batchwright.protocol.embeddings import EmbeddingRequest
 from batchwright.protocol.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, check_body, task_error
 from batchwright.registry import load_registry
 from batchwright.relay.api_side import Follower
@@ -93,8 +94,7 @@ async def _serve(
     if error is not None or req is None:
         err = error or {}
         raise InvalidRequest(str(err.get("message")), param=err.get("param"), code=err.get("code"))
-    stream = bool(getattr(req, "stream", False))
-    call.stream = stream
+    call.stream = bool(getattr(req, "stream", False))  # never for embeddings
     registry = await run_in_threadpool(load_registry, rt.settings)
     spec = registry.get(req.model)
     if spec is None:
@@ -141,7 +141,7 @@ async def _serve(
         call.gone()
         _finish(rt, caller, call)
         return Response(status_code=499)
-    if stream:
+    if call.stream and not isinstance(req, EmbeddingRequest):
         chunks = ChatChunkWriter if endpoint == CHAT else ChunkWriter
         writer = chunks(online, req.include_usage, _fingerprint(follower))
         stream = _stream(first, follower, writer, rt, caller, call)
