@@ -34,6 +34,9 @@ class Settings(BaseSettings):
 
     max_upload_bytes: int = 200 * 1024 * 1024
     max_batch_lines: int = 50_000
+    # /v1/embeddings batches: inputs across the file's lines, an array counting each element
+    # (OpenAI's limit).
+    max_batch_embedding_inputs: int = 50_000
     # One input line; a longer one fails validation instead of being held in memory.
     max_line_bytes: int = 32 * 1024 * 1024
     # Storage granularity of file content rows; also the download chunk size.

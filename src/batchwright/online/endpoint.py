@@ -1,4 +1,5 @@
-"""POST /v1/completions: a Completion, or with `stream: true` Server-Sent Events.
+"""POST /v1/completions: a Completion, or with `stream: true` Server-Sent Events; POST
+/v1/embeddings: an embeddings list (never streamed), through the same path.
 
 Order of business: the key (401 before the body is read), the body (capped, 413), the
 validation batch lines get (400, the same messages), the model (404), a live worker of
@@ -30,7 +31,8 @@ from batchwright.online.chat_chunks import ChatChunkWriter
 from batchwright.online.chunks import ChunkWriter
 from batchwright.online.ratelimit import Decision, estimate_tokens
 from batchwright.online.runtime import Runtime, runtime
-from batchwright.protocol.endpoints import CHAT, COMPLETIONS, check_body
+from batchwright.protocol.embeddings import EmbeddingRequest
+from batchwright.protocol.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, check_body, task_error
 from batchwright.registry import load_registry
 from batchwright.relay.api_side import Follower
 from batchwright.relay.messages import WORKER_LOST, Delta, Done, Event, Failed, OnlineRequest
@@ -55,6 +57,13 @@ async def create_chat_completion(request: Request) -> Response:
     """The same path for chat requests: their body check, `chat.completion` answers and
     `chat.completion.chunk` events (online/chat_chunks.py)."""
     return await _handle(request, CHAT)
+
+
+@router.post("/v1/embeddings", tags=["embeddings"])
+async def create_embeddings(request: Request) -> Response:
+    """Embeddings from a worker of an embedding model (engine/embed/), as the SDK's
+    `client.embeddings.create` expects them."""
+    return await _handle(request, EMBEDDINGS)
 
 
 async def _handle(request: Request, endpoint: str) -> Response:
@@ -86,15 +95,19 @@ async def _serve(
     if error is not None or req is None:
         err = error or {}
         raise InvalidRequest(str(err.get("message")), param=err.get("param"), code=err.get("code"))
-    call.stream = bool(req.stream)
+    call.stream = bool(getattr(req, "stream", False))  # never for embeddings
     registry = await run_in_threadpool(load_registry, rt.settings)
-    if registry.get(req.model) is None:
+    spec = registry.get(req.model)
+    if spec is None:
         raise NotFound(
             f"The model '{req.model[:200]}' does not exist here; available: "
             f"{', '.join(registry.names)}.",
             param="model",
             code="model_not_found",
         )
+    why = task_error(endpoint, req.model, spec.kind)
+    if why is not None:
+        raise InvalidRequest(why, param="model", code="model_not_supported")
     if not await rt.relay.live_workers(req.model):
         raise Unavailable(
             f"No worker is serving model '{req.model}' right now (none has a live heartbeat); "
@@ -129,7 +142,7 @@ async def _serve(
         call.gone()
         _finish(rt, caller, call)
         return Response(status_code=499)
-    if req.stream:
+    if call.stream and not isinstance(req, EmbeddingRequest):
         chunks = ChatChunkWriter if endpoint == CHAT else ChunkWriter
         writer = chunks(online, req.include_usage, _fingerprint(follower))
         stream = _stream(first, follower, writer, rt, caller, call)

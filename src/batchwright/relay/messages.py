@@ -116,7 +116,8 @@ WORKER_LOST = "worker_lost"
 
 
 def encode_event(event: Started | Delta | Done | Failed) -> bytes:
-    return orjson.dumps(event.model_dump(exclude_none=False))
+    # An embeddings Done carries its vectors as float32 arrays (protocol/embeddings.py).
+    return orjson.dumps(event.model_dump(exclude_none=False), option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def decode_event(raw: bytes | str) -> Event:

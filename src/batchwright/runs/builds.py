@@ -59,7 +59,10 @@ class _WhileRunning(logging.Filter):
 
 
 def _kernel_wanted(spec: ModelSpec) -> bool:
-    """The engine's condition (engine/loader.py): float32 models on the CPU."""
+    """The engine's condition (engine/loader.py): float32 models on the CPU; an embedding
+    model decodes nothing and never loads it."""
+    if spec.kind == "embed":
+        return False
     if not spec.native_attention or spec.dtype not in ("auto", "float32"):
         return False
     if spec.device != "auto":

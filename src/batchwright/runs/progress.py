@@ -1,5 +1,6 @@
 """What a person sees while `batchwright run` works: lines done of total, failed lines,
-generated tokens per second and the time left, updated as each line finishes.
+generated tokens per second (embedded tokens for an embeddings file) and the time left,
+updated as each line finishes.
 
 Results are counted as the engine yields them (the database only sees them a flush later,
 in steps of up to 32 lines), on top of what was already done when generation started.
@@ -65,7 +66,10 @@ class LiveCounts:
             self.done += 1
             if result.status_code != 200:
                 self.failed += 1
-            self.tokens += result.completion_tokens
+            # An embeddings line generates nothing: its tokens/s are the tokens embedded.
+            body = result.completion
+            embedded = body is not None and body.get("object") == "list"
+            self.tokens += result.prompt_tokens if embedded else result.completion_tokens
 
     def snapshot(self) -> tuple[int, int, int]:
         with self._lock:

@@ -76,12 +76,16 @@ def finished(model: str, results: Sequence[GenResult]) -> None:
     ok = sum(1 for r in results if r.status_code == 200)
     prompt = sum(r.prompt_tokens for r in results)
     generated = sum(r.completion_tokens for r in results)
+    # Embedding results generate nothing: their work is the tokens embedded.
+    embedded = sum(
+        r.prompt_tokens for r in results if r.completion and r.completion.get("object") == "list"
+    )
     LINES.labels(model, "completed").inc(ok)
     LINES.labels(model, "failed").inc(len(results) - ok)
     PROMPT_TOKENS.labels(model).inc(prompt)
     GENERATED_TOKENS.labels(model).inc(generated)
     IN_FLIGHT.labels(model).dec(len(results))
-    STATS.add(in_flight=-len(results), lines=len(results), tokens=generated)
+    STATS.add(in_flight=-len(results), lines=len(results), tokens=generated + embedded)
 
 
 def released(model: str, n: int) -> None:
@@ -102,6 +106,16 @@ def instrument(engine: Engine, model: str) -> None:
         return
     step = STEP_SECONDS.labels(model)
     prefill = PREFILL_TOKENS.labels(model)
+    embedder = getattr(engine, "engine", None)
+    if embedder is not None and hasattr(embedder, "on_forward"):
+        # An embedding model (worker/embedding.py): its engine reports each forward.
+        def forward(seconds: float, tokens: int) -> None:
+            step.observe(seconds)
+            prefill.observe(tokens)
+
+        embedder.on_forward = forward
+        engine._bw_instrumented = True  # type: ignore[attr-defined]
+        return
 
     def timed(fn: Callable[..., Any], prompt_tokens: Callable[..., int]) -> Callable[..., Any]:
         @functools.wraps(fn)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from batchwright.config import Settings
 from batchwright.engine.types import GenRequest, GenResult
 from batchwright.protocol.chat import chat_id
+from batchwright.protocol.embeddings import is_embedding_body
 from batchwright.relay.factory import worker_relay
 from batchwright.relay.messages import (
     Done,
@@ -270,9 +271,11 @@ class OnlineWork:
         t = self.live.pop(result.key)
         r = t.request
         if result.status_code == 200 and result.completion is not None:
-            chat = result.completion.get("object") == "chat.completion"
-            rid = chat_id(r.id) if chat else r.id
-            completion = {**result.completion, "id": rid, "created": r.created}
+            completion = result.completion
+            if not is_embedding_body(completion):  # an embeddings list has neither
+                chat = completion.get("object") == "chat.completion"
+                rid = chat_id(r.id) if chat else r.id
+                completion = {**completion, "id": rid, "created": r.created}
             event: WorkerEvent = Done(worker=self.wid, completion=completion)
         else:
             error = result.error or {"message": "generation failed", "type": "server_error"}
