@@ -27,9 +27,11 @@ from tests.relay.conftest import Relays, run, wait_for
 @asynccontextmanager
 async def api(relays: Relays, **options: float) -> AsyncIterator[ApiRelay]:
     client = aioredis.Redis.from_url(REDIS, socket_timeout=10)
+    relay = ApiRelay(client, relays.queue, **options)  # type: ignore[arg-type]
     try:
-        yield ApiRelay(client, relays.queue, **options)  # type: ignore[arg-type]
+        yield relay
     finally:
+        await relay.close()
         await client.aclose()
 
 
