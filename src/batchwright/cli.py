@@ -71,9 +71,12 @@ def serve(
     """Run the HTTP API (needs BATCHWRIGHT_DATABASE_URL and BATCHWRIGHT_BROKER_URL)."""
     import uvicorn
 
+    from batchwright.api.metrics import start_listener
     from batchwright.config import get_settings
 
     _check_registry()
+    settings = get_settings()
+    start_listener(settings)  # /metrics on a port of its own, when one is set
     uvicorn.run(
         "batchwright.app:create_app",
         factory=True,
@@ -81,7 +84,10 @@ def serve(
         port=port,
         workers=workers,
         proxy_headers=True,
-        forwarded_allow_ips=get_settings().forwarded_allow_ips,
+        forwarded_allow_ips=settings.forwarded_allow_ips,
+        # uvicorn's 5 s closed idle connections just as clients polling every 5 s sent
+        # their next request ("Server disconnected without sending a response").
+        timeout_keep_alive=int(settings.keep_alive_seconds),
     )
 
 
