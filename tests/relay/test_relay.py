@@ -4,6 +4,7 @@ worker, and a dead worker's requests go to another worker or end with an error."
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,6 +20,7 @@ from batchwright.relay.messages import (
     Failed,
     OnlineRequest,
     Started,
+    Tick,
 )
 from tests.conftest import REDIS
 from tests.relay.conftest import Relays, run, wait_for
@@ -281,3 +283,66 @@ def test_a_request_may_end_before_any_started(relays: Relays) -> None:
 
     event = run(scenario)
     assert isinstance(event, Done) and event.worker == "w"
+
+
+def test_hundreds_of_followers_wait_on_a_pool_of_four(relays: Relays) -> None:
+    # Before: each follower held a pool connection for its XREAD BLOCK; a pool of four
+    # (a blocking one, as the API's now is) could serve four waiting requests at a time.
+    requests = [relays.request() for _ in range(300)]
+    worker = relays.worker("w", ["m"])
+
+    def answer_all() -> None:
+        for _ in requests:
+            taken = worker.take(timeout=30)
+            assert taken is not None
+            worker.publish([(taken.request, Done(worker="w", completion={"id": taken.request.id}))])
+
+    async def scenario() -> list[object]:
+        pool = aioredis.BlockingConnectionPool.from_url(REDIS, max_connections=4, timeout=5)
+        client = aioredis.Redis(connection_pool=pool)
+        relay = ApiRelay(client, relays.queue)
+        try:
+            followers = [await relay.submit(r) for r in requests]
+            waiting = [asyncio.ensure_future(f.next()) for f in followers]
+            await asyncio.sleep(0)  # every follower is waiting before any answer comes
+            answering = asyncio.ensure_future(asyncio.to_thread(answer_all))
+            events = await asyncio.wait_for(asyncio.gather(*waiting), 120)
+            await answering
+            return list(events)
+        finally:
+            await relay.close()
+            await client.aclose()
+
+    events = run(scenario)
+    assert all(isinstance(e, Done) for e in events)
+    assert sorted(e.completion["id"] for e in events) == sorted(r.id for r in requests)  # type: ignore[union-attr]
+
+
+def test_a_started_request_whose_worker_goes_silent_is_given_up(relays: Relays) -> None:
+    # The worker announces itself (alive) but its engine sends nothing: a stuck engine.
+    worker = relays.worker("w", ["m"])
+    req = relays.request()
+
+    async def scenario() -> object:
+        async with api(relays, liveness_check_seconds=0.05, idle_timeout_seconds=0.5) as relay:
+            follower = await relay.submit(req)
+            taken = worker.take(timeout=5)
+            assert taken is not None
+            worker.publish([(taken.request, Started(worker="w"))])
+            assert isinstance(await follower.next(), Started)
+            worker.publish([(taken.request, Tick(worker="w"))])  # ticks are not events
+            return await asyncio.wait_for(follower.next(), 30)  # before: waited for good
+
+    event = run(scenario)
+    assert isinstance(event, Failed) and event.status == 503
+    assert event.error["code"] == "engine_stalled"
+    assert worker.cancelled([req.id]) == {req.id}  # the worker drops it too
+
+
+def test_every_event_renews_its_stream_ttl(relays: Relays) -> None:
+    # Before: a delta re-created a stream the API had deleted, with no TTL, for good.
+    worker = relays.worker("w", ["m"])
+    req = relays.request()
+    delta = {"worker": "w", "type": "delta", "choices": []}
+    worker.publish([(req, delta)])
+    assert 0 < relays.redis.ttl(worker.keys.events(req.id)) <= 3600

@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from batchwright.errors import APIError, NotFound, Unavailable
+from batchwright.errors import APIError, InvalidRequest, NotFound, Unavailable
 from batchwright.online.admission import Caller, admit
 from batchwright.online.body import ClientGone, read_body
 from batchwright.online.call import Call
@@ -110,8 +110,12 @@ async def _serve(
     request: Request, rt: Runtime, caller: Caller, call: Call, endpoint: str
 ) -> Response:
     raw = await read_body(request, rt.settings.max_json_body_bytes)
-    req, body = await check_request(endpoint, raw)
-    call.stream, call.requested = bool(req.stream), req.model
+    checked = await check_request(endpoint, raw)
+    call.requested = checked.requested
+    if checked.error is not None or checked.req is None:
+        raise checked.error or InvalidRequest("The request body is not valid.")
+    req, body = checked.req, checked.body
+    call.stream = bool(req.stream)
     registry = await run_in_threadpool(load_registry, rt.settings)
     if registry.get(req.model) is None:
         raise NotFound(

@@ -12,6 +12,7 @@ workers announce) is refused here, without tokenizing it.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -29,36 +30,51 @@ from batchwright.relay.messages import OnlineRequest
 _INLINE_BYTES = 16 * 1024
 
 
-async def check_request(endpoint: str, raw: bytes) -> tuple[LineRequest, dict[str, Any]]:
-    """The validated request and its body, or InvalidRequest (400)."""
+@dataclass
+class Checked:
+    requested: str  # the body's `model` when it is a string (the usage row's), else ""
+    req: LineRequest | None
+    body: dict[str, Any]
+    error: InvalidRequest | None
+
+
+async def check_request(endpoint: str, raw: bytes) -> Checked:
+    """The validated request and its body, or the InvalidRequest (400) to answer."""
     if len(raw) > _INLINE_BYTES or b"response_format" in raw:
         return await run_in_threadpool(_check, endpoint, raw)
     return _check(endpoint, raw)
 
 
-def _check(endpoint: str, raw: bytes) -> tuple[LineRequest, dict[str, Any]]:
+def _check(endpoint: str, raw: bytes) -> Checked:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(
+        error = InvalidRequest(
             f"We could not parse the JSON body of your request: {exc}.", code="invalid_json"
-        ) from None
+        )
+        return Checked("", None, {}, error)
+    requested = body.get("model") if isinstance(body, dict) else None
+    requested = requested if isinstance(requested, str) else ""
     try:
-        req, error = check_body(endpoint, body, online=True)
-        if error is None:
+        req, problem = check_body(endpoint, body, online=True)
+        if problem is None:
             orjson.dumps(body)  # what the relay will do with it
     except Exception as exc:
         # orjson writes at most 254 levels of nesting; RecursionError and the like too.
         deep = isinstance(exc, RecursionError) or "ecursion" in str(exc)
         why = "it nests deeper than 254 levels" if deep else type(exc).__name__
-        raise InvalidRequest(
+        error = InvalidRequest(
             f"The request body cannot be processed: {why}.", param=None, code="invalid_body"
-        ) from None
-    if error is not None or req is None:
-        err = error or {}
-        raise InvalidRequest(str(err.get("message")), param=err.get("param"), code=err.get("code"))
+        )
+        return Checked(requested, None, {}, error)
+    if problem is not None or req is None:
+        err = problem or {}
+        error = InvalidRequest(
+            str(err.get("message")), param=err.get("param"), code=err.get("code")
+        )
+        return Checked(requested, None, {}, error)
     assert isinstance(body, dict)
-    return req, body
+    return Checked(requested, req, body, None)
 
 
 def prompt_too_large(req: LineRequest, limits: dict[str, Any] | None) -> InvalidRequest | None:
