@@ -272,9 +272,14 @@ class _Stream:
                     event = await self.follower.next()
                 if isinstance(event, Delta):
                     before = writer.tokens
-                    for chunk in writer.delta(event):
-                        yield chunk
+                    chunks = writer.delta(event)
+                    # Counted as they are handed over, not after: a client that leaves
+                    # while the first chunk is being sent never lets the generator resume
+                    # past its yield, and its usage row had no time to first token (the
+                    # intermittent failure of test_lifecycle's streamed-disconnect test).
                     call.chunk_sent(writer.tokens - before)
+                    for chunk in chunks:
+                        yield chunk
                 elif isinstance(event, Done):
                     call.completed(event.completion)
                     self.ended = True
