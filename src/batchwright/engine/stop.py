@@ -144,14 +144,21 @@ class StopChecker:
                 _advance(s, _borders(s), st, new)
                 for s, st in zip(self.stops, self._states, strict=True)
             ]
-        return max((min(st, len(s) - 1) for s, st in zip(self.stops, self._states, strict=True)),
-                   default=0)  # fmt: skip
+        pairs = zip(self.stops, self._states, strict=True)
+        return max((_within(s, st, self.longest) for s, st in pairs), default=0)
+
+
+def _within(stop: str, state: int, longest: int) -> int:
+    """The longest end of the text that begins `stop`, at most `longest - 1` characters
+    (a whole stop that long is a match, not something to hold back)."""
+    return state if state < longest else _borders(stop)[state - 1]
 
 
 def _held(stops: list[str], states: list[int], text: str) -> int:
+    longest = max((len(s) for s in stops), default=0)
     out = 0
     for s, st in zip(stops, states, strict=True):
-        out = max(out, min(_advance(s, _borders(s), st, text), len(s) - 1))
+        out = max(out, _within(s, _advance(s, _borders(s), st, text), longest))
     return out
 
 
