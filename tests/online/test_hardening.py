@@ -21,7 +21,7 @@ import redis
 from tests.conftest import REDIS
 from tests.online.e2e import Worker, start_worker
 from tests.online.test_admission import usage_rows
-from tests.shared.conftest import Service
+from tests.shared.conftest import METRICS, Service
 
 EOS = 0
 
@@ -156,9 +156,11 @@ def test_metrics_and_capacity_are_not_public_and_label_registry_names_only(
     for i in range(3):
         r = _post(service, key, {"model": f"no-such-model-{i}-" + "z" * 5000, "prompt": "x"})
         assert r.status_code == 404
-    assert httpx.get(service.api_url + "/metrics").status_code == 404  # no key set here
-    ready = httpx.get(service.api_url + "/readyz").json()
-    assert "models" not in ready
+    assert httpx.get(service.api_url + "/metrics").status_code == 401
+    wrong = {"Authorization": "Bearer nope"}
+    assert httpx.get(service.api_url + "/metrics", headers=wrong).status_code == 401
+    assert "models" not in httpx.get(service.api_url + "/readyz").json()
+    assert httpx.get(service.api_url + "/readyz", headers=METRICS).json()["models"]["demo"] == 1
     # The listener of its own (BATCHWRIGHT_METRICS_PORT, set for this stack).
     text = httpx.get(f"http://127.0.0.1:{service.env['BATCHWRIGHT_METRICS_PORT']}/metrics").text
     assert "batchwright_online_requests_total" in text
