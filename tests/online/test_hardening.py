@@ -18,7 +18,7 @@ import openai
 import pytest
 import redis
 
-from tests.conftest import REDIS
+from tests.conftest import REDIS, _free_port
 from tests.online.e2e import Worker, start_worker
 from tests.online.test_admission import usage_rows
 from tests.shared.conftest import METRICS, Service
@@ -239,3 +239,52 @@ def test_an_idle_connection_outlives_a_five_second_poll(service: Service) -> Non
         time.sleep(7)  # idle, past uvicorn's default keep-alive: the stimulus itself
         sock.sendall(request)
         assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+
+
+def test_redis_unreachable_is_a_503_not_a_500(service: Service, worker: Worker) -> None:
+    # An API process whose Redis is gone (a port nothing listens on).
+    port = _free_port()
+    dead = f"redis://127.0.0.1:{_free_port()}/0"
+    api = service.spawn("api-no-redis", ["serve", "--port", str(port)], BATCHWRIGHT_BROKER_URL=dead)
+    url = f"http://127.0.0.1:{port}"
+    service.wait(lambda: _up(url), 60, "the second API")
+    try:
+        r = httpx.post(url + "/v1/completions", json={"model": "demo", "prompt": "x"},
+                       headers={"Authorization": f"Bearer {service.key('team-noredis')}"},
+                       timeout=60)  # fmt: skip
+        assert r.status_code == 503 and r.json()["error"]["code"] == "broker_unavailable", r.text
+        assert int(r.headers["retry-after"]) >= 1
+    finally:
+        api.stop()
+
+
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(url + "/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_a_stream_whose_redis_connections_die_still_ends_with_done(
+    service: Service, worker: Worker
+) -> None:
+    import psutil
+
+    key = service.key("team-redis-kill")
+    body = {"model": "demo", "prompt": "Once", "max_tokens": 400, "stream": True,
+            "logit_bias": {str(EOS): -100}}  # fmt: skip
+    api_pid = service.procs[0].popen.pid
+    redis_port = int(REDIS.rsplit(":", 1)[1].split("/")[0])
+    admin = redis.Redis.from_url(REDIS)
+    auth = {"Authorization": f"Bearer {key}"}
+    url = service.api_url + "/v1/completions"
+    with httpx.stream("POST", url, json=body, headers=auth, timeout=120) as response:
+        lines = response.iter_lines()
+        seen = [next(lines) for _ in range(3)]
+        # Every connection of the API process to Redis, closed by Redis (no other client's).
+        for conn in psutil.Process(api_pid).net_connections(kind="tcp"):
+            if conn.raddr and conn.raddr.port == redis_port:
+                admin.client_kill_filter(_type=None, addr=f"{conn.laddr.ip}:{conn.laddr.port}")
+        seen += list(lines)
+    data = [ln for ln in seen if ln]
+    assert data[-1] == "data: [DONE]", data[-3:]
