@@ -69,9 +69,43 @@ def test_many_concurrent_requests_get_answers_never_a_500(service: Service, work
     assert not failures, failures[:3]
     counts = Counter(statuses)
     assert set(counts) <= {200, 429, 503}, counts
-    assert counts[200] >= 1 and counts[429] >= 1, counts  # the project's in-flight cap is on
+    assert counts[200] >= 1, counts
     assert all(ra for s, ra in zip(statuses, retry_after, strict=True) if s != 200)
     service.wait(lambda: len(usage_rows(service, "team-flood")) == 150, 60, "150 usage rows")
+
+
+def test_a_project_past_its_in_flight_cap_gets_a_429_others_do_not(
+    service: Service, worker: Worker
+) -> None:
+    # An API process of its own with a cap of 2 requests in flight per project.
+    port = _free_port()
+    api = service.spawn(
+        "api-capped",
+        ["serve", "--port", str(port)],
+        BATCHWRIGHT_ONLINE_MAX_IN_FLIGHT_PER_PROJECT="2",
+    )
+    url = f"http://127.0.0.1:{port}"
+    service.wait(lambda: _up(url), 60, "the capped API")
+    mine, other = service.key("team-capped"), service.key("team-not-capped")
+    long = {"model": "demo", "prompt": "Once", "max_tokens": 400, "stream": True,
+            "logit_bias": {str(EOS): -100}}  # fmt: skip
+    short = {"model": "demo", "prompt": "Hi", "max_tokens": 2}
+    path = url + "/v1/completions"
+    as_mine, as_other = {"Authorization": f"Bearer {mine}"}, {"Authorization": f"Bearer {other}"}
+    try:
+        with (
+            httpx.stream("POST", path, json=long, headers=as_mine, timeout=120) as one,
+            httpx.stream("POST", path, json=long, headers=as_mine, timeout=120) as two,
+        ):
+            assert next(one.iter_lines()) and next(two.iter_lines())  # both in flight
+            third = httpx.post(path, json=short, headers=as_mine, timeout=60)
+            assert third.status_code == 429, third.text
+            assert int(third.headers["retry-after"]) >= 1
+            assert "concurrent requests" in third.json()["error"]["message"]
+            others = httpx.post(path, json=short, headers=as_other, timeout=60)
+            assert others.status_code == 200, others.text
+    finally:
+        api.stop()
 
 
 def test_a_huge_schema_is_refused_before_any_check(service: Service, worker: Worker) -> None:
