@@ -83,6 +83,7 @@ def test_a_project_past_its_in_flight_cap_gets_a_429_others_do_not(
         "api-capped",
         ["serve", "--port", str(port)],
         BATCHWRIGHT_ONLINE_MAX_IN_FLIGHT_PER_PROJECT="2",
+        BATCHWRIGHT_METRICS_PORT="0",  # the stack's API has that port
     )
     url = f"http://127.0.0.1:{port}"
     service.wait(lambda: _up(url), 60, "the capped API")
@@ -208,7 +209,7 @@ def test_event_streams_expire_and_an_unread_stream_is_dropped(
     cancelled = 'batchwright_worker_online_cancelled_total{model="demo"}'
     before = worker.metric(cancelled) or 0.0
     body = (
-        b'{"model": "demo", "prompt": "Once", "max_tokens": 4000, "n": 8, "logprobs": 5, '
+        b'{"model": "demo", "prompt": "Once", "max_tokens": 500, "n": 16, "logprobs": 5, '
         b'"stream": true, "temperature": 1, "logit_bias": {"0": -100}}'
     )
     host, port = service.api_url.removeprefix("http://").split(":")
@@ -279,7 +280,12 @@ def test_redis_unreachable_is_a_503_not_a_500(service: Service, worker: Worker) 
     # An API process whose Redis is gone (a port nothing listens on).
     port = _free_port()
     dead = f"redis://127.0.0.1:{_free_port()}/0"
-    api = service.spawn("api-no-redis", ["serve", "--port", str(port)], BATCHWRIGHT_BROKER_URL=dead)
+    api = service.spawn(
+        "api-no-redis",
+        ["serve", "--port", str(port)],
+        BATCHWRIGHT_BROKER_URL=dead,
+        BATCHWRIGHT_METRICS_PORT="0",  # the stack's API has that port
+    )
     url = f"http://127.0.0.1:{port}"
     service.wait(lambda: _up(url), 60, "the second API")
     try:

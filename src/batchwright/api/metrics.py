@@ -15,6 +15,7 @@ a key (compose: inside its network only).
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -44,6 +45,7 @@ LATENCY = Histogram(
     "batchwright_http_request_duration_seconds", "HTTP request latency", ["method", "route"]
 )
 
+log = logging.getLogger(__name__)
 router = APIRouter()
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
@@ -153,7 +155,12 @@ def start_listener(settings: Settings) -> bool:
 
     both = CollectorRegistry(auto_describe=False)
     both.register(_Both())
-    start_http_server(settings.metrics_port, settings.metrics_host, registry=both)
+    try:
+        start_http_server(settings.metrics_port, settings.metrics_host, registry=both)
+    except OSError as exc:  # the port is taken: the API serves on without it
+        where = f"{settings.metrics_host}:{settings.metrics_port}"
+        log.error("metrics listener on %s: %s", where, exc)
+        return False
     return True
 
 
