@@ -6,6 +6,7 @@ dropped at the worker, rate-limit headers always come, and idle connections live
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
@@ -21,6 +22,7 @@ import redis
 from tests.conftest import REDIS, _free_port
 from tests.online.e2e import Worker, start_worker
 from tests.online.test_admission import usage_rows
+from tests.online.test_lifecycle import step_until
 from tests.shared.conftest import METRICS, Service
 
 EOS = 0
@@ -93,18 +95,34 @@ def test_a_project_past_its_in_flight_cap_gets_a_429_others_do_not(
     short = {"model": "demo", "prompt": "Hi", "max_tokens": 2}
     path = url + "/v1/completions"
     as_mine, as_other = {"Authorization": f"Bearer {mine}"}, {"Authorization": f"Bearer {other}"}
+    firsts: list[str] = []
+    leave = threading.Event()
+
+    def stream() -> None:
+        with httpx.stream("POST", path, json=long, headers=as_mine, timeout=120) as response:
+            firsts.append(next(response.iter_lines()))
+            leave.wait(120)
+
+    readers = [threading.Thread(target=stream) for _ in range(2)]
+    # Frozen, and run a slice at a time until both streams are under way: neither can end
+    # before the third request comes, however fast the engine is.
+    worker.proc.signal_group(signal.SIGSTOP)
     try:
-        with (
-            httpx.stream("POST", path, json=long, headers=as_mine, timeout=120) as one,
-            httpx.stream("POST", path, json=long, headers=as_mine, timeout=120) as two,
-        ):
-            assert next(one.iter_lines()) and next(two.iter_lines())  # both in flight
-            third = httpx.post(path, json=short, headers=as_mine, timeout=60)
-            assert third.status_code == 429, third.text
-            assert int(third.headers["retry-after"]) >= 1
-            assert "concurrent requests" in third.json()["error"]["message"]
-            others = httpx.post(path, json=short, headers=as_other, timeout=60)
-            assert others.status_code == 200, others.text
+        for t in readers:
+            t.start()
+        step_until(worker, lambda: len(firsts) == 2)
+        third = httpx.post(path, json=short, headers=as_mine, timeout=60)
+        assert third.status_code == 429, third.text
+        assert int(third.headers["retry-after"]) >= 1
+        assert "concurrent requests" in third.json()["error"]["message"]
+    finally:
+        worker.proc.signal_group(signal.SIGCONT)
+        leave.set()
+        for t in readers:
+            t.join(120)
+    try:
+        others = httpx.post(path, json=short, headers=as_other, timeout=60)
+        assert others.status_code == 200, others.text
     finally:
         api.stop()
 
