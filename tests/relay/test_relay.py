@@ -22,6 +22,7 @@ from batchwright.relay.messages import (
     Started,
     Tick,
 )
+from batchwright.relay.worker_side import WorkerRelay
 from tests.conftest import REDIS
 from tests.relay.conftest import Relays, run, wait_for
 
@@ -346,3 +347,34 @@ def test_every_event_renews_its_stream_ttl(relays: Relays) -> None:
     delta = {"worker": "w", "type": "delta", "choices": []}
     worker.publish([(req, delta)])
     assert 0 < relays.redis.ttl(worker.keys.events(req.id)) <= 3600
+
+
+def test_a_stream_nobody_reads_is_reported_once_its_unread_bytes_pass_the_bound(
+    relays: Relays,
+) -> None:
+    worker = WorkerRelay(relays.redis, relays.queue, "w", ["m"], max_unread_bytes=4000)
+    worker.announce()
+    req = relays.request()
+    delta = {"worker": "w", "type": "delta", "choices": [{"index": 0, "text": "x" * 500}]}
+
+    async def scenario() -> list[bool]:
+        async with api(relays) as relay:
+            follower = await relay.submit(req)
+            taken = worker.take(timeout=5)
+            assert taken is not None
+            worker.publish([(taken.request, Started(worker="w"))])
+            lagging = []
+            for _ in range(12):  # about 6 KB: past the bound while nobody reads
+                lagging.append(req.id in worker.publish([(taken.request, dict(delta))]))
+            # The reader takes them (and trims them from Redis): no longer lagging.
+            for _ in range(13):
+                await follower.next()
+            events = worker.keys.events(req.id)
+            while relays.redis.xlen(events) > 1:  # the reader's trim follows its read
+                await asyncio.sleep(0.01)
+            lagging.append(req.id in worker.publish([(taken.request, dict(delta))]))
+            return lagging
+
+    got = run(scenario)
+    assert got[:5] == [False] * 5 and got[11] is True  # the bound passed while unread
+    assert got[-1] is False  # read (and trimmed): the same stream is fine again

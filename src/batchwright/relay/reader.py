@@ -181,5 +181,6 @@ class StreamReader:
             return
         async with self.redis.pipeline(transaction=False) as pipe:
             for key, last in read:
-                pipe.xtrim(key, minid=last)
+                # Exact: approximate trimming frees only whole nodes of 100 entries.
+                pipe.xtrim(key, minid=last, approximate=False)
             await pipe.execute()
