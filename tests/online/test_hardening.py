@@ -86,6 +86,9 @@ def test_a_project_past_its_in_flight_cap_gets_a_429_others_do_not(
         ["serve", "--port", str(port)],
         BATCHWRIGHT_ONLINE_MAX_IN_FLIGHT_PER_PROJECT="2",
         BATCHWRIGHT_METRICS_PORT="0",  # the stack's API has that port
+        # The worker runs a few milliseconds at a time below: it may take a while to start
+        # the streams (the stack's 3 s would answer them 503 first).
+        BATCHWRIGHT_ONLINE_QUEUE_TIMEOUT_SECONDS="120",
     )
     url = f"http://127.0.0.1:{port}"
     service.wait(lambda: _up(url), 60, "the capped API")
@@ -111,6 +114,7 @@ def test_a_project_past_its_in_flight_cap_gets_a_429_others_do_not(
         for t in readers:
             t.start()
         step_until(worker, lambda: len(firsts) == 2)
+        assert all(f.startswith('data: {"id"') for f in firsts), firsts  # two streams
         third = httpx.post(path, json=short, headers=as_mine, timeout=60)
         assert third.status_code == 429, third.text
         assert int(third.headers["retry-after"]) >= 1
