@@ -93,7 +93,10 @@ def test_a_project_past_its_in_flight_cap_gets_a_429_others_do_not(
     url = f"http://127.0.0.1:{port}"
     service.wait(lambda: _up(url), 60, "the capped API")
     mine, other = service.key("team-capped"), service.key("team-not-capped")
-    long = {"model": "demo", "prompt": "Once", "max_tokens": 400, "stream": True,
+    # The streams go to a worker of demo-b that stays live while frozen (a long liveness
+    # TTL): frozen with the usual 3 s its streams would end as worker_lost, freeing slots.
+    held = start_worker(service, "demo-b", BATCHWRIGHT_ONLINE_WORKER_TTL_SECONDS="600")
+    long = {"model": "demo-b", "prompt": "Once", "max_tokens": 400, "stream": True,
             "logit_bias": {str(EOS): -100}}  # fmt: skip
     short = {"model": "demo", "prompt": "Hi", "max_tokens": 2}
     path = url + "/v1/completions"
@@ -109,18 +112,18 @@ def test_a_project_past_its_in_flight_cap_gets_a_429_others_do_not(
     readers = [threading.Thread(target=stream) for _ in range(2)]
     # Frozen, and run a slice at a time until both streams are under way: neither can end
     # before the third request comes, however fast the engine is.
-    worker.proc.signal_group(signal.SIGSTOP)
+    held.proc.signal_group(signal.SIGSTOP)
     try:
         for t in readers:
             t.start()
-        step_until(worker, lambda: len(firsts) == 2)
+        step_until(held, lambda: len(firsts) == 2)
         assert all(f.startswith('data: {"id"') for f in firsts), firsts  # two streams
         third = httpx.post(path, json=short, headers=as_mine, timeout=60)
         assert third.status_code == 429, third.text
         assert int(third.headers["retry-after"]) >= 1
         assert "concurrent requests" in third.json()["error"]["message"]
     finally:
-        worker.proc.signal_group(signal.SIGCONT)
+        held.proc.signal_group(signal.SIGCONT)
         leave.set()
         for t in readers:
             t.join(120)
@@ -129,6 +132,13 @@ def test_a_project_past_its_in_flight_cap_gets_a_429_others_do_not(
         assert others.status_code == 200, others.text
     finally:
         api.stop()
+        held.proc.stop()
+        # Its liveness would outlast the test: it is gone, say so (as its TTL would).
+        client = redis.Redis.from_url(REDIS)
+        prefix = f"{service.env['BATCHWRIGHT_QUEUE']}:online"
+        for name in client.scan_iter(f"{prefix}:worker:*"):
+            if client.get(name) == b'["demo-b"]':
+                client.delete(name)
 
 
 def test_a_huge_schema_is_refused_before_any_check(service: Service, worker: Worker) -> None:
