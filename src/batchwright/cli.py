@@ -115,10 +115,13 @@ def serve(
     """Run the HTTP API (needs BATCHWRIGHT_DATABASE_URL and BATCHWRIGHT_BROKER_URL)."""
     import uvicorn
 
+    from batchwright.api.metrics import start_listener
     from batchwright.config import get_settings
 
     _check_registry()
     _require_service_urls("serve")
+    settings = get_settings()
+    start_listener(settings)  # /metrics on a port of its own, when one is set
     uvicorn.run(
         "batchwright.app:create_app",
         factory=True,
@@ -126,7 +129,10 @@ def serve(
         port=port,
         workers=workers,
         proxy_headers=True,
-        forwarded_allow_ips=get_settings().forwarded_allow_ips,
+        forwarded_allow_ips=settings.forwarded_allow_ips,
+        # uvicorn's 5 s closed idle connections just as clients polling every 5 s sent
+        # their next request ("Server disconnected without sending a response").
+        timeout_keep_alive=int(settings.keep_alive_seconds),
     )
 
 

@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
+from batchwright.api.guards import printable
 from batchwright.api.responses import JSONBody
 from batchwright.auth.service import authenticate
 from batchwright.db.session import get_sessionmaker
@@ -23,7 +24,7 @@ _HTTP_TYPES = {404: "not_found", 405: "method_not_allowed", 413: "file_too_large
 
 
 def _render(exc: APIError) -> JSONBody:
-    return JSONBody(exc.body(), status_code=exc.status_code)
+    return JSONBody(exc.body(), status_code=exc.status_code, headers=exc.headers() or None)
 
 
 def _param(loc: tuple[int | str, ...]) -> str | None:
@@ -107,13 +108,15 @@ async def on_http_error(_: Request, exc: Exception) -> JSONBody:
 
 async def on_db_error(_: Request, exc: Exception) -> JSONBody:
     log.warning("database unavailable: %s", exc)
-    return _render(Unavailable("The database is unavailable; retry the request."))
+    return _render(Unavailable("The database is unavailable; retry the request.", retry_after=1))
 
 
 async def on_client_gone(request: Request, _: Exception) -> Response:
     # Not a server error: the transaction rolled back and nothing of the body was kept.
     log.warning(
-        "%s %s: the client left before sending its whole body", request.method, request.url.path
+        "%s %s: the client left before sending its whole body",
+        printable(request.method),
+        printable(request.url.path),
     )
     return Response(status_code=400)  # nobody reads it
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from sqlalchemy import text
 
 from batchwright.api.deps import ProjectDep, SettingsDep
+from batchwright.api.metrics import metrics_reader
 from batchwright.api.responses import JSONBody
 from batchwright.db.session import get_engine
 from batchwright.errors import NotFound
@@ -22,7 +23,9 @@ def live() -> dict[str, str]:
 
 
 @router.get("/readyz", tags=["health"])
-def ready(settings: SettingsDep) -> JSONBody:
+def ready(request: Request, settings: SettingsDep) -> JSONBody:
+    """Whether the database and broker answer; with the metrics key, live workers per
+    model too (what a deployment has is not a stranger's to read)."""
     checks: dict[str, str] = {}
     try:
         with get_engine().connect() as conn:
@@ -43,7 +46,8 @@ def ready(settings: SettingsDep) -> JSONBody:
             checks["broker"] = f"unreachable: {type(exc).__name__}"
     ok = all(v == "ok" for v in checks.values())
     body: dict[str, object] = {"status": "ok" if ok else "unavailable", **checks}
-    if checks["database"] == "ok" and settings.broker_url:
+    reader = metrics_reader(request.headers.get("authorization"), settings)
+    if checks["database"] == "ok" and settings.broker_url and reader:
         body["models"] = model_capacity(settings)  # live workers per model
     return JSONBody(body, status_code=200 if ok else 503)
 

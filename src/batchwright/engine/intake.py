@@ -11,6 +11,7 @@ free rows instead of behind the whole window.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable, Generator, Hashable, Iterable, Set
 from concurrent import futures
@@ -18,9 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchwright.engine.grammar import grammar_error
-from batchwright.engine.jobs import Job, Seq, bad_request
+from batchwright.engine.jobs import Job, Seq, bad_request, server_error
 from batchwright.engine.parts import Requests
 from batchwright.engine.types import WAKE, GenRequest, GenResult
+
+log = logging.getLogger(__name__)
 
 # Requests read ahead, in multiples of max_rows: longest-first admission needs a window
 # wider than the batch to keep the end of a file from draining on a few long rows
@@ -234,15 +237,22 @@ class Intake:
             if greq is WAKE:
                 woke = True
                 break
-            job = self.e.prepare(greq)
+            try:
+                job = self.e.prepare(greq)
+                if isinstance(job, Job) and job.needs_prompt_scores:
+                    k = job.req.logprobs or 0
+                    job.prompt_scores = {
+                        i: self.e.score_prompt(p, k) for i, p in enumerate(job.prompts)
+                    }
+            except Exception as exc:
+                # This line's failure, not the run's: the other lines and online requests
+                # go on (a raise here ended the engine's run and failed them all).
+                log.exception("line %s: prepare failed", greq.key)
+                yield server_error(greq.key, exc)
+                continue
             if isinstance(job, GenResult):
                 yield job
                 continue
-            if job.needs_prompt_scores:
-                k = job.req.logprobs or 0
-                job.prompt_scores = {
-                    i: self.e.score_prompt(p, k) for i, p in enumerate(job.prompts)
-                }
             if job.done:
                 yield self.e.result(job)
                 continue

@@ -16,19 +16,26 @@ of `run` like any other; which keys are online is the caller's to know.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Generator, Set
+from concurrent import futures
 from typing import Any, Protocol
 
 from batchwright.engine import preempt
 from batchwright.engine.grammar import grammar_error
 from batchwright.engine.intake import Intake, Unit, units_of
-from batchwright.engine.jobs import bad_request
+from batchwright.engine.jobs import bad_request, server_error
 from batchwright.engine.paged import PagedCache
 from batchwright.engine.parts import Parts
 from batchwright.engine.sampler import Sampler
 from batchwright.engine.slots import Slots
 from batchwright.engine.streaming import Delta, JobStream
 from batchwright.engine.types import GenRequest, GenResult
+
+log = logging.getLogger(__name__)
+# With nothing else to do, how long a step waits for a grammar being compiled (cancels and
+# new requests are looked at in between).
+_GRAMMAR_WAIT = 0.05
 
 
 class OnlineFeed(Protocol):
@@ -73,6 +80,9 @@ class Lane:
         self.feed = feed
         self.waiting: list[Unit] = []
         self.streams: dict[Any, JobStream] = {}
+        # Requests with rows: only they stream, so that whatever refuses a request
+        # (its grammar, the KV budget) does so before its first delta.
+        self.running: set[Any] = set()
         rows = sched.e.max_rows
         self.reserve = max(0, min(sched.e.spec.online_rows, rows - 1))
         self._round = 0
@@ -91,11 +101,13 @@ class Lane:
         rows = blocks = tokens = 0
         s = self.s
         alloc = s.cache.alloc
-        while self.waiting:
-            unit = self.waiting[0]
+        at = 0
+        while at < len(self.waiting):
+            unit = self.waiting[at]
             grammar = unit.job.grammar
             if grammar is not None and not grammar.done():
-                break  # its response_format compiles off the loop: admitted at a later step
+                at += 1  # compiles off the loop: the requests behind it go first
+                continue
             if grammar is not None and (why := grammar_error(grammar)) is not None:
                 self.drop({unit.job.key})
                 yield bad_request(unit.job.key, why, "response_format", "invalid_response_format")
@@ -119,20 +131,27 @@ class Lane:
             if take < len(unit.seqs):
                 rest = unit.seqs[take:]
                 unit = _first(unit, take)
-                self.waiting[0].seqs = rest  # the others wait for rows
+                self.waiting[at].seqs = rest  # the others wait for rows
             else:
-                del self.waiting[0]
+                del self.waiting[at]
             rows += take
             blocks += s.kv_cost(unit)
             tokens += len(unit.prompt)
             units.append(unit)
+            if unit.job.key in self.streams:
+                self.running.add(unit.job.key)
+        if not units and self.waiting and not s.slots.live and not self.intake.pending:
+            # Nothing runs and what waits waits for its grammar: a short wait, not a spin.
+            compiling = [u.job.grammar for u in self.waiting if u.job.grammar is not None]
+            if len(compiling) == len(self.waiting):
+                futures.wait(compiling, _GRAMMAR_WAIT, futures.FIRST_COMPLETED)
         return units
 
     def batch_rows(self, online_admitted: bool) -> int:
         """Rows batch lines may take this step: none while an online request waits or
         was just admitted (the step's prompt budget is its), else the free rows less the
-        reserve for online requests."""
-        if online_admitted or self.waiting:
+        reserve for online requests. One whose grammar still compiles holds none back."""
+        if online_admitted or any(_ready(u) for u in self.waiting):
             return 0
         s = self.s.slots
         free = s.free_count
@@ -156,17 +175,33 @@ class Lane:
         return True
 
     def _prepare(self, greq: GenRequest) -> Generator[GenResult, None, None]:
+        """The request's job, waiting for rows; its refusals (and a failure of its own,
+        a 500 for it alone) come out as results before its Started."""
         e = self.s.e
-        job = e.prepare(greq)
+        try:
+            job = e.prepare(greq)
+        except Exception as exc:
+            log.exception("online request %s: prepare failed", greq.key)
+            yield server_error(greq.key, exc)
+            return
         if isinstance(job, GenResult):
             yield job
             return
         job.online = True
+        too_big = next((u for u in units_of(job) if self._too_big(u)), None)
+        if too_big is not None:
+            yield self._reject(too_big)
+            return
         if self.feed is not None:
             self.feed.started(job.key, sum(len(p) for p in job.prompts))
-        if job.needs_prompt_scores:
-            k = job.req.logprobs or 0
-            job.prompt_scores = {i: e.score_prompt(p, k) for i, p in enumerate(job.prompts)}
+        try:
+            if job.needs_prompt_scores:
+                k = job.req.logprobs or 0
+                job.prompt_scores = {i: e.score_prompt(p, k) for i, p in enumerate(job.prompts)}
+        except Exception as exc:
+            log.exception("online request %s: scoring its prompt failed", greq.key)
+            yield server_error(greq.key, exc)
+            return
         stream = JobStream(e, job) if greq.stream and JobStream.streams(job) else None
         if job.done:  # nothing to generate (max_tokens 0)
             if stream is not None and self.feed is not None:
@@ -176,6 +211,10 @@ class Lane:
         if stream is not None:
             self.streams[job.key] = stream
         self.waiting += units_of(job)
+
+    def _too_big(self, unit: Unit) -> bool:
+        """One candidate of it needs more KV blocks than the whole cache has."""
+        return self.s.kv_cost(_first(unit)) > self.s.cache.alloc.num_blocks - 1
 
     def _reject(self, unit: Unit) -> GenResult:
         cache = self.s.cache
@@ -198,17 +237,28 @@ class Lane:
         seqs = self.s.slots.seqs
         self.feed.rows(sum(1 for q in seqs if q is not None and q.job.online))
         for key, stream in list(self.streams.items()):
+            if key not in self.running:
+                continue  # no row yet: nothing is shown before its last refusal could come
             deltas = stream.deltas()
             if deltas:
                 self.feed.emit(key, deltas)
             if stream.finished:
                 del self.streams[key]
+                self.running.discard(key)
 
     def drop(self, keys: Set[Any]) -> None:
         """Requests cancelled: their waiting units and streams go (rows: the scheduler)."""
         self.waiting = [u for u in self.waiting if u.job.key not in keys]
         for key in keys & self.streams.keys():
             del self.streams[key]
+        self.running -= keys
+
+
+def _ready(unit: Unit) -> bool:
+    """Not waiting for a grammar: compiled (or failed: it is answered at the next admit),
+    or none."""
+    g = unit.job.grammar
+    return g is None or g.done()
 
 
 def _first(unit: Unit, k: int = 1) -> Unit:

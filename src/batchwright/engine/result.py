@@ -103,6 +103,15 @@ def kept_tokens(seq: Seq, text: str, piece: TokenText) -> int:
     return len(ids)
 
 
+def logprob_tokens(seq: Seq, text: str, piece: TokenText) -> int:
+    """Generated tokens listed in a finished completion choice's logprobs: the kept ones,
+    and its EOS last, as OpenAI lists "<|endoftext|>" (its text is empty). A scorer that
+    asks for one token with echo drops the last entry as the generated one: without the
+    EOS there it dropped a prompt token instead."""
+    kept = kept_tokens(seq, text, piece)
+    return kept + 1 if seq.ended_by_eos and kept == len(seq.out_ids) - 1 else kept
+
+
 def _choice(
     job: Job, seq: Seq, index: int, decode: Decode, tok: TokenText, piece: TokenText
 ) -> CompletionChoice:
@@ -116,7 +125,7 @@ def _choice(
             b.add_prompt(job, seq.prompt_index)
             # Offsets of generated tokens continue after the echoed prompt text.
             b.pos = len(echo)
-        for i in range(kept_tokens(seq, text, piece)):
+        for i in range(logprob_tokens(seq, text, piece)):
             b.add_generated(seq, i)
         logprobs = b.build()
     finish = seq.finish or "length"

@@ -22,7 +22,7 @@ from typing import Any
 
 from batchwright.engine.jobs import Job, Seq
 from batchwright.engine.parts import Text
-from batchwright.engine.result import LogprobsBuilder, choice_text, kept_tokens
+from batchwright.engine.result import LogprobsBuilder, choice_text, kept_tokens, logprob_tokens
 
 Delta = dict[str, Any]
 
@@ -71,7 +71,9 @@ class ChoiceStream:
         if seq.finish is not None:
             self.done = True
             text = choice_text(seq, self.e.decode)
-            return self._delta(text, kept_tokens(seq, text, self.e.token_piece), seq.finish)
+            # As the Completion lists them: a completion's EOS too, a chat's not (chat.py).
+            listed = logprob_tokens if self.job.chat is None else kept_tokens
+            return self._delta(text, listed(seq, text, self.e.token_piece), seq.finish)
         full = self._text()
         safe = full[: len(full) - seq.stop.held_back(full)] if seq.stop.stops else full
         # Tokens whose text starts inside what will have been sent.

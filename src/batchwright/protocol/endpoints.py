@@ -26,12 +26,14 @@ def check_body(
     endpoint: str, body: object, max_sequences: int | None = None, *, online: bool = False
 ) -> tuple[LineRequest | None, dict[str, Any] | None]:
     """A body checked as `endpoint` takes it: (request, None) or (None, error). `online`:
-    a POST to the endpoint itself (streaming allowed) rather than a batch line."""
+    a POST to the endpoint itself (streaming allowed) rather than a batch line. A schema
+    is checked against the metaschema here, where bodies come in (and not again where the
+    engine reads them)."""
     if endpoint == CHAT:
-        return check_chat_body(body, max_sequences, online=online)
+        return check_chat_body(body, max_sequences, online=online, check_schema=True)
     if endpoint == EMBEDDINGS:
         return check_embedding_body(body)
-    return check_completion_body(body, max_sequences, online=online)
+    return check_completion_body(body, max_sequences, online=online, check_schema=True)
 
 
 def endpoint_of(body: dict[str, Any]) -> str:
