@@ -85,7 +85,7 @@ def _prompt(rng: random.Random) -> str:
 class Stack:
     """Database, API and one worker; stopped (and the database dropped) at the end."""
 
-    def __init__(self, home: Path, max_rows: int) -> None:
+    def __init__(self, home: Path, max_rows: int, **settings: str) -> None:
         import psycopg
 
         self.home = home
@@ -103,6 +103,7 @@ class Stack:
             "BATCHWRIGHT_MODELS": json.dumps({"models": {"demo": spec}}),
             # One slice for the whole batch: the bench measures the loop, not re-dispatch.
             "BATCHWRIGHT_WORK_SLICE_SECONDS": "3600",
+            **{f"BATCHWRIGHT_{k}": v for k, v in settings.items()},
         }
         self.logs = Path(tempfile.mkdtemp(prefix="bw-online-bench-"))
         self.procs: list[subprocess.Popen[bytes]] = []

@@ -31,6 +31,25 @@ client.register(app, keys)
 console = Console()
 
 
+def _embedded_database_note() -> None:
+    """The operator commands work on the service's database; in a shell without its export
+    they would quietly use the embedded SQLite, so they say so (on stderr)."""
+    from batchwright.config import get_settings
+
+    settings = get_settings()
+    if not settings.database_url:
+        Console(stderr=True, soft_wrap=True).print(
+            "note: BATCHWRIGHT_DATABASE_URL is not set: using the embedded SQLite at "
+            f"{settings.home / 'batchwright.sqlite3'}, not a service's database",
+            highlight=False,
+            markup=False,
+        )
+
+
+for _group in (keys, db, projects, webhooks_cli):
+    _group.callback()(_embedded_database_note)
+
+
 def _check_registry() -> None:
     """A missing or broken models file: one line naming it and the problem, exit 2."""
     from batchwright.registry import RegistryError, load_registry
@@ -38,8 +57,33 @@ def _check_registry() -> None:
     try:
         load_registry()
     except RegistryError as exc:
-        Console(stderr=True).print(f"error: {exc}", highlight=False, soft_wrap=True)
+        # markup=False: messages quote TOML such as [models."qwen2.5-0.5b"].
+        Console(stderr=True).print(f"error: {exc}", highlight=False, soft_wrap=True, markup=False)
         raise typer.Exit(2) from None
+
+
+def _require_service_urls(command: str) -> None:
+    """The service commands need Postgres and a broker: without them `serve` would run on
+    the embedded SQLite with no queue and every batch would wait for ever, unexplained."""
+    from batchwright.config import get_settings
+
+    settings = get_settings()
+    missing = [
+        f"BATCHWRIGHT_{name.upper()}"
+        for name in ("database_url", "broker_url")
+        if not getattr(settings, name)
+    ]
+    if missing:
+        Console(stderr=True).print(
+            f"error: `batchwright {command}` needs BATCHWRIGHT_DATABASE_URL and "
+            f"BATCHWRIGHT_BROKER_URL; not set: {', '.join(missing)} (export both in this "
+            'shell, as in the README\'s "Running the service"; `batchwright run FILE` needs '
+            "neither)",
+            highlight=False,
+            soft_wrap=True,
+            markup=False,
+        )
+        raise typer.Exit(2)
 
 
 @app.command()
@@ -71,9 +115,13 @@ def serve(
     """Run the HTTP API (needs BATCHWRIGHT_DATABASE_URL and BATCHWRIGHT_BROKER_URL)."""
     import uvicorn
 
+    from batchwright.api.metrics import start_listener
     from batchwright.config import get_settings
 
     _check_registry()
+    _require_service_urls("serve")
+    settings = get_settings()
+    start_listener(settings)  # /metrics on a port of its own, when one is set
     uvicorn.run(
         "batchwright.app:create_app",
         factory=True,
@@ -81,7 +129,10 @@ def serve(
         port=port,
         workers=workers,
         proxy_headers=True,
-        forwarded_allow_ips=get_settings().forwarded_allow_ips,
+        forwarded_allow_ips=settings.forwarded_allow_ips,
+        # uvicorn's 5 s closed idle connections just as clients polling every 5 s sent
+        # their next request ("Server disconnected without sending a response").
+        timeout_keep_alive=int(settings.keep_alive_seconds),
     )
 
 
@@ -119,16 +170,20 @@ def worker(
     if control_only and not control:
         Console(stderr=True).print("error: --control-only and --no-control exclude each other")
         raise typer.Exit(2)
+    # transformers draws a "Loading weights" bar on stderr, which Celery logs as WARNING
+    # lines; read before transformers is imported. The worker logs the load itself.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if models is not None:
         os.environ["BATCHWRIGHT_WORKER_MODELS"] = models
     if control_only:
         os.environ["BATCHWRIGHT_WORKER_CONTROL_ONLY"] = "true"
     get_settings.cache_clear()
     _check_registry()
+    _require_service_urls("worker")
     try:
         queues = worker_queues(control=control_only)
     except ValueError as exc:
-        Console(stderr=True).print(f"error: {exc}", highlight=False, soft_wrap=True)
+        Console(stderr=True).print(f"error: {exc}", highlight=False, soft_wrap=True, markup=False)
         raise typer.Exit(2) from None
     from batchwright.worker.celery_app import celery_app
 
@@ -145,7 +200,7 @@ def worker(
     if supervised_by is not None:
         argv += ["-n", "control@%h"]
         supervisor.tag_logs(celery_app, "control")
-    schedule = os.path.join(os.environ.get("TMPDIR", "/tmp"), "bw-beat-schedule")
+    schedule = _beat_schedule()
     children = supervisor.companions(
         control=control and not control_only, beat=beat, loglevel=loglevel, schedule=schedule
     )
@@ -153,13 +208,30 @@ def worker(
         celery_app.worker_main(argv)
 
 
+def _beat_schedule() -> str:
+    """Beat's state file, one per deployment (queue) under BATCHWRIGHT_HOME: one /tmp file
+    had every deployment on a host share (and overwrite) one schedule."""
+    from batchwright.config import get_settings
+
+    settings = get_settings()
+    settings.home.mkdir(parents=True, exist_ok=True)
+    return str(settings.home / f"beat-schedule-{settings.queue}")
+
+
 @app.command()
 def beat(
     loglevel: Annotated[str, typer.Option()] = "INFO",
-    schedule: Annotated[str, typer.Option(help="Beat's schedule state file.")] = "",
+    schedule: Annotated[
+        str,
+        typer.Option(
+            help="Beat's state file (default: BATCHWRIGHT_HOME/beat-schedule-QUEUE).",
+            show_default=False,
+        ),
+    ] = "",
     supervised_by: Annotated[int | None, typer.Option(hidden=True)] = None,
 ) -> None:
-    """Run the periodic sweeper alone (one per deployment)."""
+    """Run the periodic sweeper alone (one per deployment; needs the same two URLs)."""
+    _require_service_urls("beat")
     from batchwright.worker.celery_app import celery_app
 
     if supervised_by is not None:
@@ -168,31 +240,27 @@ def beat(
         bind_to_parent(supervised_by)
         tag_logs(celery_app, "sweeper")
 
-    argv = ["beat", f"--loglevel={loglevel}"]
-    if schedule:
-        argv += ["--schedule", schedule]
+    argv = ["beat", f"--loglevel={loglevel}", "--schedule", schedule or _beat_schedule()]
     celery_app.start(argv)
 
 
 @db.command("upgrade")
 def db_upgrade() -> None:
     """alembic upgrade head on the configured database."""
+    from sqlalchemy.engine import make_url
+
+    from batchwright.config import get_settings
     from batchwright.db.migrate import upgrade_head
 
     upgrade_head()
-    console.print("database at head")
+    settings = get_settings()
+    where = make_url(settings.resolved_database_url()).render_as_string(hide_password=True)
+    console.print(f"database at head: {where}", markup=False, highlight=False)
 
 
 def _fail(message: str) -> NoReturn:
-    Console(stderr=True).print(f"error: {message}", highlight=False)
+    Console(stderr=True, soft_wrap=True).print(f"error: {message}", highlight=False, markup=False)
     raise typer.Exit(1)
-
-
-def _database_error(exc: Exception) -> NoReturn:
-    text = str(exc).lower()
-    if "does not exist" in text or "no such table" in text:
-        _fail("the database has no tables yet; run `batchwright db upgrade` first.")
-    _fail(f"cannot use the database: {str(exc).splitlines()[0][:200]}")
 
 
 @keys.command("create")
@@ -201,37 +269,32 @@ def keys_create(
     name: Annotated[str, typer.Option(help="A label for the key.")] = "default",
 ) -> None:
     """Create an API key; the secret is printed once."""
-    from sqlalchemy.exc import SQLAlchemyError
-
     from batchwright.auth.service import create_key
     from batchwright.db.session import session_scope
 
-    try:
-        with session_scope() as session:
-            key, secret = create_key(session, project, name)
-            key_id = key.id
-    except SQLAlchemyError as exc:
-        _database_error(exc)
-    Console(stderr=True).print(f"key id: {key_id}", highlight=False)
+    # Database errors: one line, from the command group (client.ClientGroup).
+    with session_scope() as session:
+        key, secret = create_key(session, project, name)
+        key_id = key.id
+    Console(stderr=True).print(f"key id: {key_id}", highlight=False, markup=False)
     sys.stdout.write(secret + "\n")
 
 
 @keys.command("revoke")
 def keys_revoke(key_id: str) -> None:
-    """Revoke an API key by id."""
-    from sqlalchemy.exc import SQLAlchemyError
-
+    """Revoke an API key by its id (key_…, from `batchwright keys list`)."""
     from batchwright.auth.service import revoke_key
     from batchwright.db.session import session_scope
 
+    if not key_id.startswith("key_"):
+        # Most likely the secret itself: never echo it back to the terminal (or its logs).
+        _fail("that is not a key id: pass the key_… id that `batchwright keys list` shows")
     try:
         with session_scope() as session:
             revoke_key(session, key_id)
-    except NotFound as exc:
-        _fail(exc.message)
-    except SQLAlchemyError as exc:
-        _database_error(exc)
-    console.print(f"revoked {key_id}")
+    except NotFound:
+        _fail(f"no API key {key_id[:64]} (ids: `batchwright keys list`)")
+    console.print(f"revoked {key_id}", markup=False)
 
 
 if __name__ == "__main__":

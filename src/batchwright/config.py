@@ -34,6 +34,9 @@ class Settings(BaseSettings):
 
     max_upload_bytes: int = 200 * 1024 * 1024
     max_batch_lines: int = 50_000
+    # /v1/embeddings batches: inputs across the file's lines, an array counting each element
+    # (OpenAI's limit).
+    max_batch_embedding_inputs: int = 50_000
     # One input line; a longer one fails validation instead of being held in memory.
     max_line_bytes: int = 32 * 1024 * 1024
     # Storage granularity of file content rows; also the download chunk size.
@@ -94,6 +97,39 @@ class Settings(BaseSettings):
     # many wait in an API process while the database is away (then new ones are dropped).
     online_usage_flush_seconds: float = 0.5
     online_usage_buffer: int = 100_000
+    # Online requests one API process holds at once: past this many a request is a 503
+    # with Retry-After; past `..._per_project` of one project, a 429 with Retry-After
+    # (0: no cap). The events of every request come through one Redis read; short
+    # commands share at most `online_redis_connections` connections, a request waiting
+    # longer than `online_redis_pool_timeout_seconds` for one is a 503. Every Redis command
+    # of the relay times out after `online_redis_timeout_seconds`.
+    online_max_in_flight: int = 1024
+    online_max_in_flight_per_project: int = 64
+    online_redis_connections: int = 64
+    online_redis_pool_timeout_seconds: float = 2.0
+    online_redis_timeout_seconds: float = 10.0
+    # A started request whose worker sends nothing this long (its engine ticks every
+    # second or so while it holds the request) is given up with a 503 `engine_stalled`.
+    online_idle_timeout_seconds: float = 120.0
+    # Events a worker wrote that the API has not read yet, per request: past this the
+    # reader is taken to have stopped reading and the request is dropped at the worker.
+    online_max_unread_bytes: int = 16 * 1024 * 1024
+    # Default online limits of a project that has none of its own (`projects set --rpm`,
+    # `--tpm`); 0: none.
+    online_default_requests_per_minute: int = 6000
+    online_default_tokens_per_minute: int = 10_000_000
+    # A response_format's grammar not compiled this long after its first request fails
+    # its requests (a 400 naming response_format); 0: no limit.
+    grammar_compile_seconds: float = 10.0
+    # HTTP keep-alive of `batchwright serve`: an idle connection stays open this long, well
+    # past the 5 to 60 s clients poll at (behind a proxy, make it longer than the proxy's).
+    keep_alive_seconds: float = 75.0
+    # Who may read /metrics and the per-model capacity in /readyz: a request with
+    # `Authorization: Bearer <metrics_key>`; with no key set they are served only on the
+    # listener of their own at metrics_host:metrics_port (0: none) that `serve` starts.
+    metrics_key: str = ""
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0
     # A request body (JSON or form; uploads have their own limit) over this is a 413 before it
     # is read whole. Parsed JSON can take 30x its size (a list of empty lists): at 4 MiB the
     # API peaks near 225 MiB on the worst body (bench/api_body_memory.py).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -10,12 +11,30 @@ class APIError(Exception):
     type = "server_error"
     code: str | None = None
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         if code is not None:
             self.code = code
+        # Seconds after which the same request may pass (a 429, a 503 of a busy or
+        # briefly unavailable service): sent as Retry-After.
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after is None:
+            return {}
+        return {
+            "retry-after": str(max(1, math.ceil(self.retry_after))),
+            "retry-after-ms": str(max(1, math.ceil(self.retry_after * 1000))),
+        }
 
     def body(self) -> dict[str, Any]:
         return {
@@ -72,8 +91,8 @@ class RateLimited(APIError):
     type = "requests"
     code = "rate_limit_exceeded"
 
-    def __init__(self, message: str, *, limit: str) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, limit: str, retry_after: float | None = None) -> None:
+        super().__init__(message, retry_after=retry_after)
         self.type = limit
 
 

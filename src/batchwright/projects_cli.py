@@ -11,7 +11,7 @@ from rich.table import Table
 projects = typer.Typer(
     help="Project weights (fair share), quotas and online rate limits.", no_args_is_help=True
 )
-console = Console()
+console = Console(markup=False)  # project names are anyone's text
 
 NO_LIMIT = "Use 0 to remove the limit."
 # The columns are BIGINT: a larger limit is a usage error here, not a database traceback.
@@ -36,7 +36,10 @@ def projects_set(
     online_requests_per_minute: Annotated[
         int | None,
         typer.Option(
-            "--rpm", min=0, max=MOST, help=f"Online /v1/completions requests a minute. {NO_LIMIT}"
+            "--rpm",
+            min=0,
+            max=MOST,
+            help="Online requests a minute (/v1/completions and /v1/chat/completions). " + NO_LIMIT,
         ),
     ] = None,
     online_tokens_per_minute: Annotated[
@@ -45,7 +48,7 @@ def projects_set(
             "--tpm",
             min=0,
             max=MOST,
-            help=f"Online tokens a minute (prompt + completion). {NO_LIMIT}",
+            help="Online tokens a minute (prompt + completion, both endpoints). " + NO_LIMIT,
         ),
     ] = None,
 ) -> None:

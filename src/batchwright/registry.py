@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -18,10 +19,35 @@ from batchwright.config import Settings, get_settings
 DEMO_MODEL = "demo"
 
 
+# sentence-transformers' pooling modes (its models/Pooling.py).
+PoolingMode = Literal["cls", "mean", "max", "lasttoken", "mean_sqrt_len_tokens", "weightedmean"]
+
+
+class EmbeddingOptions(BaseModel):
+    """An embedding model's settings where its sentence-transformers files say otherwise or
+    nothing (`[models.NAME.embedding]`); unset, they are read from those files."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pooling: PoolingMode | None = None  # default: 1_Pooling/config.json, else mean
+    normalize: bool | None = None  # default: a Normalize module in modules.json
+    # Text put before every text input (token-id inputs are embedded as given). Default: the
+    # prompt config_sentence_transformers.json names as its default_prompt_name.
+    prompt: str | None = None
+    # Sizes `dimensions` may truncate to (then re-normalised). Default: config.json's
+    # `matryoshka_dimensions`; a model with neither answers `dimensions` with a 400.
+    matryoshka_dimensions: list[int] | None = None
+
+
 class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
+    # "embed": serves /v1/embeddings only; "generate": /v1/completions and chat. Default:
+    # "embed" for a sentence-transformers folder (modules.json), else "generate". An API
+    # host that cannot read the model's folder needs it said here.
+    task: Literal["generate", "embed"] | None = None
+    embedding: EmbeddingOptions | None = None
     # Local HF-format directory. For `demo` it is built on first use when missing.
     path: Path
     device: str = "auto"  # auto | cpu | cuda | cuda:N
@@ -70,6 +96,15 @@ class ModelSpec(BaseModel):
     # from `path`); default: the tokenizer's own (tokenizer_config.json or
     # chat_template.jinja). A model with neither answers chat lines with a 400.
     chat_template: Path | None = None
+
+    @property
+    def kind(self) -> Literal["generate", "embed"]:
+        """What the model does: `task`, else found from its folder's layout."""
+        if self.task is not None:
+            return self.task
+        if self.embedding is not None or (self.path / "modules.json").is_file():
+            return "embed"
+        return "generate"
 
 
 class Registry(BaseModel):

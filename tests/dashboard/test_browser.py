@@ -121,6 +121,8 @@ def test_dashboard_end_to_end(
     page.wait_for_url(f"**/dashboard/batches/{other.id}?notice=cancelling")
     assert "Cancelling" in page.inner_text("#notice")
     page.wait_for_selector("#status:text-is('cancelled')", timeout=240_000)
+    # The banner went with the status (the page refreshes itself at the same address).
+    assert page.locator("#notice").count() == 0
     shots(page, "06-batch-cancelled")
     cancelled = client.batches.retrieve(other.id)
     assert cancelled.status == "cancelled"
@@ -133,7 +135,11 @@ def test_dashboard_end_to_end(
     assert "invalid_json_line" in errors and "Line 2" in errors
     shots(page, "07-batch-failed")
 
+    page.set_viewport_size({"width": 1280, "height": 900})
     page.goto(api_url + "/dashboard/batches")
+    # The table fits a 1280 px window (a laptop's): no column off to the right.
+    table = page.locator("#batches").bounding_box()
+    assert table is not None and 2 * table["x"] + table["width"] <= 1280, table  # margins
     rows = page.locator("#batches tr[data-batch]")
     assert rows.count() == 3
     listed = {r.get_attribute("data-batch"): r.get_attribute("data-status") for r in rows.all()}

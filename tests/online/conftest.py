@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import _free_port
 from tests.shared.conftest import Service, run_service, svc  # noqa: F401  (fixtures)
 
 QUEUE_TIMEOUT = 3.0
@@ -21,4 +22,6 @@ def service(bw_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         tmp_path_factory,
         BATCHWRIGHT_ONLINE_QUEUE_TIMEOUT_SECONDS=str(QUEUE_TIMEOUT),
         BATCHWRIGHT_MAX_JSON_BODY_BYTES=str(BODY_CAP),
+        # /metrics on a listener of its own (the API's port serves it to no one here).
+        BATCHWRIGHT_METRICS_PORT=str(_free_port()),
     )

@@ -10,7 +10,7 @@ import sys
 import httpx
 
 from tests.online.test_admission import usage_rows
-from tests.shared.conftest import Service
+from tests.shared.conftest import METRICS, Service
 
 
 def test_the_dashboard_shows_a_projects_online_usage_beside_its_batches(svc: Service) -> None:
@@ -71,7 +71,7 @@ def test_metrics_count_online_requests_by_status(svc: Service) -> None:
     series = 'batchwright_online_requests_total{model="demo-b",status="503",stream="true"}'
 
     def count() -> float:
-        text = httpx.get(svc.api_url + "/metrics").text
+        text = httpx.get(svc.api_url + "/metrics", headers=METRICS).text
         found = [ln for ln in text.splitlines() if ln.startswith(series + " ")]
         return float(found[0].rsplit(" ", 1)[1]) if found else 0.0
 

@@ -4,6 +4,7 @@ worker, and a dead worker's requests go to another worker or end with an error."
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,7 +20,9 @@ from batchwright.relay.messages import (
     Failed,
     OnlineRequest,
     Started,
+    Tick,
 )
+from batchwright.relay.worker_side import WorkerRelay
 from tests.conftest import REDIS
 from tests.relay.conftest import Relays, run, wait_for
 
@@ -27,9 +30,11 @@ from tests.relay.conftest import Relays, run, wait_for
 @asynccontextmanager
 async def api(relays: Relays, **options: float) -> AsyncIterator[ApiRelay]:
     client = aioredis.Redis.from_url(REDIS, socket_timeout=10)
+    relay = ApiRelay(client, relays.queue, **options)  # type: ignore[arg-type]
     try:
-        yield ApiRelay(client, relays.queue, **options)  # type: ignore[arg-type]
+        yield relay
     finally:
+        await relay.close()
         await client.aclose()
 
 
@@ -279,3 +284,97 @@ def test_a_request_may_end_before_any_started(relays: Relays) -> None:
 
     event = run(scenario)
     assert isinstance(event, Done) and event.worker == "w"
+
+
+def test_hundreds_of_followers_wait_on_a_pool_of_four(relays: Relays) -> None:
+    # Before: each follower held a pool connection for its XREAD BLOCK; a pool of four
+    # (a blocking one, as the API's now is) could serve four waiting requests at a time.
+    requests = [relays.request() for _ in range(300)]
+    worker = relays.worker("w", ["m"])
+
+    def answer_all() -> None:
+        for _ in requests:
+            taken = worker.take(timeout=30)
+            assert taken is not None
+            worker.publish([(taken.request, Done(worker="w", completion={"id": taken.request.id}))])
+
+    async def scenario() -> list[object]:
+        pool = aioredis.BlockingConnectionPool.from_url(REDIS, max_connections=4, timeout=5)
+        client = aioredis.Redis(connection_pool=pool)
+        relay = ApiRelay(client, relays.queue)
+        try:
+            followers = [await relay.submit(r) for r in requests]
+            waiting = [asyncio.ensure_future(f.next()) for f in followers]
+            await asyncio.sleep(0)  # every follower is waiting before any answer comes
+            answering = asyncio.ensure_future(asyncio.to_thread(answer_all))
+            events = await asyncio.wait_for(asyncio.gather(*waiting), 120)
+            await answering
+            return list(events)
+        finally:
+            await relay.close()
+            await client.aclose()
+
+    events = run(scenario)
+    assert all(isinstance(e, Done) for e in events)
+    assert sorted(e.completion["id"] for e in events) == sorted(r.id for r in requests)  # type: ignore[union-attr]
+
+
+def test_a_started_request_whose_worker_goes_silent_is_given_up(relays: Relays) -> None:
+    # The worker announces itself (alive) but its engine sends nothing: a stuck engine.
+    worker = relays.worker("w", ["m"])
+    req = relays.request()
+
+    async def scenario() -> object:
+        async with api(relays, liveness_check_seconds=0.05, idle_timeout_seconds=0.5) as relay:
+            follower = await relay.submit(req)
+            taken = worker.take(timeout=5)
+            assert taken is not None
+            worker.publish([(taken.request, Started(worker="w"))])
+            assert isinstance(await follower.next(), Started)
+            worker.publish([(taken.request, Tick(worker="w"))])  # ticks are not events
+            return await asyncio.wait_for(follower.next(), 30)  # before: waited for good
+
+    event = run(scenario)
+    assert isinstance(event, Failed) and event.status == 503
+    assert event.error["code"] == "engine_stalled"
+    assert worker.cancelled([req.id]) == {req.id}  # the worker drops it too
+
+
+def test_every_event_renews_its_stream_ttl(relays: Relays) -> None:
+    # Before: a delta re-created a stream the API had deleted, with no TTL, for good.
+    worker = relays.worker("w", ["m"])
+    req = relays.request()
+    delta = {"worker": "w", "type": "delta", "choices": []}
+    worker.publish([(req, delta)])
+    assert 0 < relays.redis.ttl(worker.keys.events(req.id)) <= 3600
+
+
+def test_a_stream_nobody_reads_is_reported_once_its_unread_bytes_pass_the_bound(
+    relays: Relays,
+) -> None:
+    worker = WorkerRelay(relays.redis, relays.queue, "w", ["m"], max_unread_bytes=4000)
+    worker.announce()
+    req = relays.request()
+    delta = {"worker": "w", "type": "delta", "choices": [{"index": 0, "text": "x" * 500}]}
+
+    async def scenario() -> list[bool]:
+        async with api(relays) as relay:
+            follower = await relay.submit(req)
+            taken = worker.take(timeout=5)
+            assert taken is not None
+            worker.publish([(taken.request, Started(worker="w"))])
+            lagging = []
+            for _ in range(12):  # about 6 KB: past the bound while nobody reads
+                lagging.append(req.id in worker.publish([(taken.request, dict(delta))]))
+            # The reader takes them (and trims them from Redis): no longer lagging.
+            for _ in range(13):
+                await follower.next()
+            events = worker.keys.events(req.id)
+            while relays.redis.xlen(events) > 1:  # the reader's trim follows its read
+                await asyncio.sleep(0.01)
+            lagging.append(req.id in worker.publish([(taken.request, dict(delta))]))
+            return lagging
+
+    got = run(scenario)
+    assert got[:5] == [False] * 5 and got[11] is True  # the bound passed while unread
+    assert got[-1] is False  # read (and trimmed): the same stream is fine again

@@ -127,7 +127,7 @@ def test_models_and_health(http: httpx.Client) -> None:
     [
         ({"endpoint": "/v1/completions", "completion_window": "24h"}, "input_file_id"),
         (
-            {"input_file_id": "file-x", "endpoint": "/v1/embeddings", "completion_window": "24h"},
+            {"input_file_id": "file-x", "endpoint": "/v1/responses", "completion_window": "24h"},
             "endpoint",
         ),
         (

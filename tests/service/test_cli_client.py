@@ -4,6 +4,7 @@ subprocess against the live test service (API, worker and sweeper started by con
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Proc, _free_port
+from tests.conftest import Proc, _free_port, create_key
 from tests.helpers import jsonl, line
 
 pytestmark = pytest.mark.timeout(600)
@@ -73,7 +74,7 @@ def test_files_commands(cli: CLI, tmp_path: Path) -> None:
     assert gone.stderr.startswith("error: not found (404)") and len(gone.stderr.splitlines()) == 1
 
 
-def test_batch_submit_wait_list_get_download(cli: CLI, tmp_path: Path) -> None:
+def test_batch_submit_wait_list_get_download(cli: CLI, worker: Proc, tmp_path: Path) -> None:
     src = tmp_path / "batch.jsonl"
     src.write_bytes(jsonl([line(f"b{i}") for i in range(6)] + [line("x", {"temperature": 9})]))
     batch = cli.json("batches", "submit", str(src), "--metadata", "team=a", "--wait")
@@ -93,6 +94,8 @@ def test_batch_submit_wait_list_get_download(cli: CLI, tmp_path: Path) -> None:
         f"b{i}" for i in range(6)
     ]
     assert [json.loads(x)["custom_id"] for x in errors.read_text().splitlines()] == ["x"]
+    # The model is loaded by now: its load left no progress bar in the worker's log.
+    assert "Loading weights" not in worker.output()
 
 
 def test_watch_follows_a_running_batch_to_its_end(cli: CLI, tmp_path: Path) -> None:
@@ -140,3 +143,52 @@ def test_keys_list(cli: CLI) -> None:
     assert "team-a" in {k["project"] for k in keys}
     assert all(k["prefix"].startswith("sk-bw-") for k in keys)
     assert "team-a" in cli("keys", "list").stdout
+
+
+def test_models_list_shows_live_workers(cli: CLI) -> None:
+    listed = {m["id"]: m for m in cli.json("models", "list")}
+    assert listed["demo"]["live_workers"] >= 1
+    shown = cli("models", "list")
+    assert "live workers" in shown.stdout
+    [row] = [r for r in shown.stdout.splitlines() if "│ demo " in r]
+    assert f"│ {listed['demo']['live_workers']} " in row, shown.stdout
+
+
+def test_complete_over_the_rate_limit_fails_at_once(cli: CLI, service_env: dict[str, str]) -> None:
+    """The SDK would wait out Retry-After (up to a minute) in silence and then succeed:
+    the command says 429 in one line and exits 1 instead."""
+    key = create_key(service_env, "cli-limited")
+    assert cli("projects", "set", "cli-limited", "--rpm", "1").returncode == 0
+    first = cli("complete", "Once upon", "--model", "demo", "--max-tokens", "2",
+                OPENAI_API_KEY=key)  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    for extra in ([], ["--stream"]):
+        over = cli("complete", "Once upon", "--model", "demo", *extra, OPENAI_API_KEY=key)
+        assert over.returncode == 1 and over.stdout == ""
+        [line_] = over.stderr.strip().splitlines()
+        assert line_.startswith("error: over the project's rate limit (429): Rate limit reached")
+        assert "Please try again in" in line_
+
+
+def test_ctrl_c_of_submit_wait_says_the_batch_goes_on(cli: CLI, tmp_path: Path) -> None:
+    src = tmp_path / "long.jsonl"
+    src.write_bytes(jsonl([line(f"k{i}", {"max_tokens": 256}) for i in range(400)]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "batchwright.cli", "batches", "submit", str(src), "--wait"],
+        env=cli.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    watching = proc.stderr.readline()  # the first line it prints, once the batch exists
+    assert watching.startswith("watching batch_"), watching
+    batch_id = watching.split()[1]
+    proc.send_signal(signal.SIGINT)
+    _, rest = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert f"stopped watching {batch_id}; the batch goes on at the server" in rest
+    assert "Traceback" not in rest
+    # It does go on: it is still there, not cancelled by the Ctrl-C.
+    assert cli.json("batches", "get", batch_id)["status"] in ("validating", "in_progress")
+    cli("batches", "cancel", batch_id)

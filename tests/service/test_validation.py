@@ -40,7 +40,9 @@ def test_method_not_post(client: Any) -> None:
 
 
 def test_wrong_url(client: Any) -> None:
-    _fails_with(client, jsonl([line("a", url="/v1/embeddings")]), "invalid_url", 1)
+    _fails_with(client, jsonl([line("a", url="/v1/responses")]), "invalid_url", 1)
+    # An embeddings line in a /v1/completions batch: another endpoint of ours.
+    _fails_with(client, jsonl([line("a", url="/v1/embeddings")]), "url_mismatch", 1)
     # A chat line in a /v1/completions batch: OpenAI's url_mismatch.
     _fails_with(
         client, jsonl([line("a"), line("b", url="/v1/chat/completions")]), "url_mismatch", 2

@@ -4,6 +4,7 @@ one webhook-id, exactly one successful delivery, private targets refused."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -173,9 +174,14 @@ def test_endpoint_cli_and_private_targets(service_env: dict[str, str]) -> None:
         assert out.returncode == 2 and "private, loopback" in out.stderr, out
     bad = cli(strict, "add", "ftp://example.com/x", "--project", "hooks-cli", check=False)
     assert bad.returncode == 2 and "http" in bad.stderr
-    endpoint_id, secret = add_endpoint(service_env, "hooks-cli", "http://127.0.0.1:9/hook")
+    allowed = cli(service_env, "add", "http://127.0.0.1:9/hook", "--project", "hooks-cli")
+    # The workers check again at every delivery: the note says they need the setting too.
+    assert "the workers need BATCHWRIGHT_WEBHOOK_ALLOW_PRIVATE_TARGETS=true too" in allowed.stderr
+    endpoint_id = allowed.stderr.split("endpoint id:")[1].split()[0]
+    secret = allowed.stdout.strip()
     listed = cli(service_env, "list", "--project", "hooks-cli").stdout
-    assert endpoint_id in listed and "127.0.0.1:9" in listed
+    assert endpoint_id in listed and "127.0.0.1:9" in listed and "none yet" in listed
+    assert re.search(r"20\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC", listed), listed  # not epoch seconds
     assert secret not in listed  # shown once, at creation
     cli(service_env, "remove", endpoint_id)
     assert endpoint_id not in cli(service_env, "list").stdout
@@ -255,3 +261,7 @@ def test_retries_stop_when_the_window_closes(
             "SELECT last_error FROM webhook_deliveries WHERE id = %s", (rows[0][0],)
         ).fetchone()
     assert error is not None and "HTTP 500" in error[0]
+    # `webhooks list` says so: nothing arrives, and why.
+    [row] = [r for r in cli(service_env, "list", "--project", "hooks-window").stdout.splitlines()
+             if endpoint_id in r]  # fmt: skip
+    assert "1 failed" in row and "HTTP 500" in row, row

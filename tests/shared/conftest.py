@@ -22,6 +22,9 @@ import pytest
 
 from tests.conftest import PG_ADMIN, REDIS, Proc, _free_port, _unavailable, create_key
 
+METRICS_KEY = "bw-test-metrics-key"
+METRICS = {"Authorization": f"Bearer {METRICS_KEY}"}
+
 
 class Service:
     def __init__(self, env: dict[str, str], pg_url: str, logs: Path) -> None:
@@ -111,6 +114,8 @@ def run_service(
         "BATCHWRIGHT_WORK_SLICE_SECONDS": "20",
         "BATCHWRIGHT_CLAIM_BATCH_SIZE": "8",
         "BATCHWRIGHT_HEARTBEAT_SECONDS": "1",
+        # /metrics and /readyz's capacity on the API's port answer only this key.
+        "BATCHWRIGHT_METRICS_KEY": METRICS_KEY,
         # Two names, two models as far as routing is concerned (same weights on disk).
         "BATCHWRIGHT_MODELS": json.dumps({"models": {"demo": model, "demo-b": model}}),
         **extra_env,

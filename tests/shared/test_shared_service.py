@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import _free_port
 from tests.helpers import jsonl, line, read_jsonl, submit, wait_batch
-from tests.shared.conftest import Service
+from tests.shared.conftest import METRICS, Service
 
 A_LINES = 1000  # long enough that A is still running when B starts
 B_LINES = 20
@@ -99,7 +99,7 @@ def test_two_models_two_workers_two_projects(svc: Service, no_torch: str) -> Non
         return {m.id: m.live_workers for m in team_a.models.list().data}
 
     svc.wait(lambda: live() == {"demo": 1, "demo-b": 1}, 60, "heartbeats of both workers")
-    ready = httpx.get(svc.api_url + "/readyz").json()
+    ready = httpx.get(svc.api_url + "/readyz", headers=METRICS).json()
     assert ready["models"] == {"demo": 1, "demo-b": 1}
 
     # Project A's big batch on `demo`; project B's small one arrives once A is running.
@@ -160,7 +160,7 @@ def test_two_models_two_workers_two_projects(svc: Service, no_torch: str) -> Non
     assert "succeeded" in control.output() and "validate_batch" in control.output()
 
     # The API's metrics: requests by route template, batches by status, live workers.
-    text = httpx.get(svc.api_url + "/metrics").text
+    text = httpx.get(svc.api_url + "/metrics", headers=METRICS).text
     assert value(text, "batchwright_http_requests_total", route="/v1/batches/{batch_id}") > 0
     assert value(text, "batchwright_batches", status="completed") >= 4
     assert value(text, "batchwright_workers_live", model="demo") == 1

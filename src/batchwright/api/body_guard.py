@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from batchwright.api.guards import printable
 from batchwright.auth.service import authenticate
 from batchwright.config import get_settings
 from batchwright.db.session import get_sessionmaker
@@ -96,7 +97,11 @@ class BodyGuard:
         while more:
             message = await receive()
             if message["type"] == "http.disconnect":
-                log.warning("%s %s: the client left before sending its whole body", method, path)
+                log.warning(
+                    "%s %s: the client left before sending its whole body",
+                    printable(method),
+                    printable(path),
+                )
                 # Nobody reads it; an app that returns without answering is an error to
                 # the middleware around this one.
                 await send({"type": "http.response.start", "status": 400, "headers": []})

@@ -6,12 +6,14 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import ORJSONResponse, Response
+from fastapi.responses import Response
 from sqlalchemy.exc import DBAPIError, OperationalError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
+from batchwright.api.guards import printable
+from batchwright.api.responses import JSONBody
 from batchwright.auth.service import authenticate
 from batchwright.db.session import get_sessionmaker
 from batchwright.errors import APIError, InvalidRequest, Unauthorized, Unavailable
@@ -21,8 +23,8 @@ log = logging.getLogger(__name__)
 _HTTP_TYPES = {404: "not_found", 405: "method_not_allowed", 413: "file_too_large"}
 
 
-def _render(exc: APIError) -> ORJSONResponse:
-    return ORJSONResponse(exc.body(), status_code=exc.status_code)
+def _render(exc: APIError) -> JSONBody:
+    return JSONBody(exc.body(), status_code=exc.status_code, headers=exc.headers() or None)
 
 
 def _param(loc: tuple[int | str, ...]) -> str | None:
@@ -30,7 +32,7 @@ def _param(loc: tuple[int | str, ...]) -> str | None:
     return ".".join(parts) or None
 
 
-async def on_api_error(_: Request, exc: Exception) -> ORJSONResponse:
+async def on_api_error(_: Request, exc: Exception) -> JSONBody:
     assert isinstance(exc, APIError)
     return _render(exc)
 
@@ -50,7 +52,7 @@ def _refused_key(request: Request) -> Unauthorized | None:
     return None
 
 
-async def on_validation_error(request: Request, exc: Exception) -> ORJSONResponse:
+async def on_validation_error(request: Request, exc: Exception) -> JSONBody:
     assert isinstance(exc, RequestValidationError)
     refused = await run_in_threadpool(_refused_key, request)
     if refused is not None:
@@ -96,28 +98,30 @@ def _code(kind: str) -> str | None:
     return "invalid_value"
 
 
-async def on_http_error(_: Request, exc: Exception) -> ORJSONResponse:
+async def on_http_error(_: Request, exc: Exception) -> JSONBody:
     assert isinstance(exc, HTTPException)
     err = APIError(str(exc.detail), code=_HTTP_TYPES.get(exc.status_code))
     err.status_code = exc.status_code
     err.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
-    return ORJSONResponse(err.body(), status_code=exc.status_code, headers=exc.headers)
+    return JSONBody(err.body(), status_code=exc.status_code, headers=exc.headers)
 
 
-async def on_db_error(_: Request, exc: Exception) -> ORJSONResponse:
+async def on_db_error(_: Request, exc: Exception) -> JSONBody:
     log.warning("database unavailable: %s", exc)
-    return _render(Unavailable("The database is unavailable; retry the request."))
+    return _render(Unavailable("The database is unavailable; retry the request.", retry_after=1))
 
 
 async def on_client_gone(request: Request, _: Exception) -> Response:
     # Not a server error: the transaction rolled back and nothing of the body was kept.
     log.warning(
-        "%s %s: the client left before sending its whole body", request.method, request.url.path
+        "%s %s: the client left before sending its whole body",
+        printable(request.method),
+        printable(request.url.path),
     )
     return Response(status_code=400)  # nobody reads it
 
 
-async def on_unexpected(_: Request, exc: Exception) -> ORJSONResponse:
+async def on_unexpected(_: Request, exc: Exception) -> JSONBody:
     log.exception("unhandled error", exc_info=exc)
     return _render(APIError("Internal server error."))
 

@@ -1,4 +1,5 @@
-"""Refuse NUL characters in the URL before they reach Postgres (text cannot hold them)."""
+"""Refuse NUL characters in the URL before they reach Postgres (text cannot hold them);
+write a client's path into a log line only as `printable` makes it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,15 @@ import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from batchwright.errors import InvalidRequest
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """`text` for a log line: control characters (a `%0A` in a path decodes to a newline,
+    which would start a forged log line) and other unprintables escaped, and bounded."""
+    cut = text[:limit]
+    if cut.isprintable():
+        return cut
+    return cut.encode("unicode_escape").decode("ascii")
 
 
 class RejectNulInURL:

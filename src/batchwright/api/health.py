@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-from fastapi.responses import ORJSONResponse
+from fastapi import APIRouter, Request
 from sqlalchemy import text
 
 from batchwright.api.deps import ProjectDep, SettingsDep
+from batchwright.api.metrics import metrics_reader
+from batchwright.api.responses import JSONBody
 from batchwright.db.session import get_engine
 from batchwright.errors import NotFound
 from batchwright.protocol.batches import ListObject, Model
@@ -22,7 +23,9 @@ def live() -> dict[str, str]:
 
 
 @router.get("/readyz", tags=["health"])
-def ready(settings: SettingsDep) -> ORJSONResponse:
+def ready(request: Request, settings: SettingsDep) -> JSONBody:
+    """Whether the database and broker answer; with the metrics key, live workers per
+    model too (what a deployment has is not a stranger's to read)."""
     checks: dict[str, str] = {}
     try:
         with get_engine().connect() as conn:
@@ -30,7 +33,10 @@ def ready(settings: SettingsDep) -> ORJSONResponse:
         checks["database"] = "ok"
     except Exception as exc:
         checks["database"] = f"unreachable: {type(exc).__name__}"
-    if settings.broker_url:
+    if not settings.broker_url:
+        # Without a broker no batch is ever validated: the API alone is not ready.
+        checks["broker"] = "not configured (BATCHWRIGHT_BROKER_URL)"
+    else:
         try:
             import redis
 
@@ -40,9 +46,10 @@ def ready(settings: SettingsDep) -> ORJSONResponse:
             checks["broker"] = f"unreachable: {type(exc).__name__}"
     ok = all(v == "ok" for v in checks.values())
     body: dict[str, object] = {"status": "ok" if ok else "unavailable", **checks}
-    if checks["database"] == "ok" and settings.broker_url:
+    reader = metrics_reader(request.headers.get("authorization"), settings)
+    if checks["database"] == "ok" and settings.broker_url and reader:
         body["models"] = model_capacity(settings)  # live workers per model
-    return ORJSONResponse(body, status_code=200 if ok else 503)
+    return JSONBody(body, status_code=200 if ok else 503)
 
 
 @router.get("/v1/models", tags=["models"])

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from batchwright.db.models import Batch, Project
 from batchwright.protocol.chat import ChatCompletionRequest
+from batchwright.protocol.embeddings import EmbeddingRequest
 from batchwright.protocol.endpoints import LineRequest
 from batchwright.registry import Registry
 
@@ -69,6 +70,8 @@ class TokenCounter:
         return -(-len(prompt.encode()) // 4)
 
     def line(self, request: LineRequest) -> int:
+        if isinstance(request, EmbeddingRequest):  # its inputs' tokens, nothing generated
+            return sum(self.prompt_tokens(x) for x in request.inputs)
         if isinstance(request, ChatCompletionRequest):
             text = sum(self.prompt_tokens(m.text) + _PER_MESSAGE for m in request.messages)
             limit = request.max_new_tokens

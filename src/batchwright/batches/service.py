@@ -34,7 +34,7 @@ def create_batch(session: Session, project_id: str, req: CreateBatch, settings: 
     if req.endpoint not in ENDPOINTS:
         raise InvalidRequest(
             f"Invalid value for 'endpoint': {req.endpoint[:64]!r}. "
-            f"batchwright supports {' and '.join(repr(e) for e in ENDPOINTS)}.",
+            f"batchwright supports {', '.join(repr(e) for e in ENDPOINTS)}.",
             param="endpoint",
             code="invalid_value",
         )

@@ -18,7 +18,8 @@ from batchwright.batches.quotas import TokenCounter, over_limit
 from batchwright.config import Settings
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.files.storage import iter_lines
-from batchwright.protocol.endpoints import ENDPOINTS, LineRequest, check_body
+from batchwright.protocol.embeddings import EmbeddingRequest
+from batchwright.protocol.endpoints import ENDPOINTS, LineRequest, check_body, task_error
 from batchwright.registry import Registry
 
 MAX_REPORTED_ERRORS = 100
@@ -44,6 +45,7 @@ class Outcome:
     rejected: int = 0
     model: str | None = None
     tokens: int = 0  # enqueued tokens (batches/quotas.py)
+    inputs: int = 0  # embedding inputs (an array counts each element)
 
 
 class _Rows:
@@ -202,6 +204,12 @@ def scan_input(session: Session, batch: Batch, registry: Registry, settings: Set
             continue
         if out.model is None:
             out.model = model
+            spec = registry.get(model)
+            why = task_error(batch.endpoint, model, spec.kind) if spec is not None else None
+            if why is not None:
+                # Every line of the file would fail the same way: the file's problem.
+                fail(LineError("invalid_model", line_no, f"Line {line_no}: {why}", "body.model"))
+                break
         elif model != out.model:
             if fail(
                 LineError(
@@ -218,6 +226,20 @@ def scan_input(session: Session, batch: Batch, registry: Registry, settings: Set
             continue  # the batch fails anyway: keep scanning for errors, store nothing
         row, request = _body_row(line_no, custom_id, body, settings, batch.endpoint)
         row["prefix_key"] = prefix_key(body.get("prompt", body.get("messages")))
+        if isinstance(request, EmbeddingRequest):
+            out.inputs += request.input_count
+            if out.inputs > settings.max_batch_embedding_inputs:
+                limit = settings.max_batch_embedding_inputs
+                fail(
+                    LineError(
+                        "too_many_tasks",
+                        line_no,
+                        f"Line {line_no}: the file holds more than {limit} embedding inputs "
+                        f"(the limit per batch; an input array counts each of its elements).",
+                        "body.input",
+                    )
+                )
+                break
         if request is not None and row["state"] == "queued":
             counter = counter or TokenCounter(registry, out.model)
             out.tokens += counter.line(request)

@@ -8,6 +8,7 @@ from typing import Annotated
 import openai
 import typer
 from openai.types import Batch
+from rich.text import Text
 
 from batchwright.client.common import (
     ApiKey,
@@ -61,7 +62,7 @@ def show(batch: Batch, as_json: bool) -> None:
     if batch.errors and batch.errors.data:
         data = batch.errors.data
         for e in data[:5]:
-            out.print(f"[red]line {e.line}[/red] {e.code}: {e.message}")
+            out.print(Text.assemble((f"line {e.line}", "red"), f" {e.code}: {e.message}"))
         if len(data) > 5:
             out.print(f"… and {len(data) - 5} more")
 

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
+    import httpx
     import openai
 
 BaseUrl = Annotated[
@@ -34,9 +35,11 @@ ApiKey = Annotated[
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
 
-out = Console(highlight=False)
+# No markup: what is printed comes from the service and from people (file names, messages,
+# metadata) and may hold brackets that Rich would take for tags and drop.
+out = Console(highlight=False, markup=False)
 # Errors are one line whatever the terminal width.
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -54,7 +57,15 @@ def connect(base_url: str | None, api_key: str | None) -> openai.OpenAI:
         url += "/v1"  # people paste the server's address; the API lives under /v1
     if not api_key:
         raise ClientError("no API key: set OPENAI_API_KEY or pass --api-key")
-    return openai.OpenAI(base_url=url, api_key=api_key, max_retries=1, timeout=60)
+    # The SDK would wait out a 429's Retry-After (up to a minute) in silence and retry: a
+    # person at a terminal gets the 429 at once instead, with the wait the service names.
+    http = openai.DefaultHttpxClient(event_hooks={"response": [_no_retry_on_429]})
+    return openai.OpenAI(base_url=url, api_key=api_key, max_retries=1, timeout=60, http_client=http)
+
+
+def _no_retry_on_429(response: httpx.Response) -> None:
+    if response.status_code == 429:
+        response.headers["x-should-retry"] = "false"  # the SDK obeys this header
 
 
 def _message(exc: openai.APIStatusError) -> str:
@@ -99,6 +110,8 @@ def handled(fn: Callable[P, R]) -> Callable[P, R]:
             err.print(f"error: the service refused the API key (401): {_message(exc)}")
         except openai.NotFoundError as exc:
             err.print(f"error: not found (404): {_message(exc)}")
+        except openai.RateLimitError as exc:
+            err.print(f"error: over the project's rate limit (429): {_message(exc)}")
         except openai.APIStatusError as exc:
             err.print(f"error: the service answered {exc.status_code}: {_message(exc)}")
         except (ClientError, OSError) as exc:

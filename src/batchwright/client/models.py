@@ -12,9 +12,14 @@ app = typer.Typer(help="Models a running service serves.", no_args_is_help=True)
 @app.command("list")
 @handled
 def list_models(base_url: BaseUrl = None, api_key: ApiKey = None, as_json: Json = False) -> None:
-    """List the models the service can run."""
+    """List the models the service can run, with the workers live for each now."""
     models = list(connect(base_url, api_key).models.list())
     if as_json:
         print_json(models)
         return
-    table(["id", "owned by"], [(m.id, m.owned_by) for m in models])
+    # `live_workers` is batchwright's own field (the SDK keeps it as an extra); 0 means
+    # batches of that model wait and online requests are refused until a worker starts.
+    table(
+        ["id", "live workers", "owned by"],
+        [(m.id, (m.model_extra or {}).get("live_workers"), m.owned_by) for m in models],
+    )

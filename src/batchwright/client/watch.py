@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import openai
+import typer
 from openai.types import Batch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -19,6 +20,22 @@ WINDOW_SECONDS = 30.0
 def watch_batch(
     client: openai.OpenAI, batch_id: str, *, interval: float = 1.0, quiet: bool = False
 ) -> Batch:
+    """Follow the batch until it ends. Ctrl-C stops the watching, not the batch: it says so
+    and exits 130."""
+    try:
+        if not quiet:
+            err.print(f"watching {batch_id} (Ctrl-C stops the watching, not the batch)")
+        return _follow(client, batch_id, interval=interval, quiet=quiet)
+    except KeyboardInterrupt:
+        err.print(
+            f"stopped watching {batch_id}; the batch goes on at the server "
+            f"(`batchwright batches watch {batch_id}` follows it again, "
+            f"`batchwright batches cancel {batch_id}` stops it)"
+        )
+        raise typer.Exit(130) from None
+
+
+def _follow(client: openai.OpenAI, batch_id: str, *, interval: float, quiet: bool) -> Batch:
     samples: list[tuple[float, int, int]] = []
     with Progress(
         TextColumn("[bold]{task.description}"),

@@ -99,13 +99,18 @@ def batch_page(batch_id: str, request: Request, session: SessionDep) -> Response
         return _login()
     batch = batches.get_batch(session, project, batch_id)
     view = views.batch_view(batch)
+    notice = request.query_params.get("notice", "")
+    if notice == "cancelling" and batch.status != "cancelling":
+        # The page refreshes itself at the same address: once the batch is cancelled (or
+        # ended otherwise) the banner would say "Cancelling" for good.
+        notice = ""
     return _page(
         request,
         "batch.html",
         item=view,
         errors=views.line_errors(session, batch),
         live=view.live,
-        notice=NOTICES.get(request.query_params.get("notice", "")),
+        notice=NOTICES.get(notice),
         tab="batches",
     )
 

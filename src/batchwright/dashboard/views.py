@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from batchwright.config import Settings
 from batchwright.db.models import Batch, BatchRequest, WorkerHeartbeat
+from batchwright.protocol.endpoints import EMBEDDINGS
 from batchwright.worker.heartbeat import live_after
 
 TERMINAL = {"completed", "failed", "cancelled", "expired"}
@@ -60,7 +61,9 @@ def batch_view(batch: Batch, now: float | None = None) -> BatchView:
     done = batch.completed + batch.failed
     percent = 100.0 * done / batch.total if batch.total else 0.0
     running = end - batch.in_progress_at if batch.in_progress_at else None
-    rate = batch.output_tokens / running if running and running > 0 else None
+    # An embeddings batch generates nothing: its rate is the tokens it embedded.
+    tokens = batch.input_tokens if batch.endpoint == EMBEDDINGS else batch.output_tokens
+    rate = tokens / running if running and running > 0 else None
     eta = "-"
     if batch.status == "in_progress" and running and 0 < done < batch.total:
         eta = duration((batch.total - done) * running / done)

@@ -1,22 +1,18 @@
-"""The JSON body of an online request, read only after the key was checked and never
-past the cap: a body over it is a 413 before it is held in memory."""
+"""The body of an online request, read only after the key was checked and never past the
+cap: a body over it is a 413 before it is held in memory."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import orjson
 from starlette.requests import ClientDisconnect, Request
 
 from batchwright.api.body_guard import too_large
-from batchwright.errors import InvalidRequest
 
 
 class ClientGone(Exception):
     """The client left while sending its body."""
 
 
-async def read_json(request: Request, limit: int) -> Any:
+async def read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise too_large(limit)
@@ -30,9 +26,4 @@ async def read_json(request: Request, limit: int) -> Any:
             chunks.append(chunk)
     except ClientDisconnect:
         raise ClientGone() from None
-    try:
-        return orjson.loads(b"".join(chunks))
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(
-            f"We could not parse the JSON body of your request: {exc}.", code="invalid_json"
-        ) from None
+    return b"".join(chunks)

@@ -10,6 +10,7 @@ from typing import Any
 from batchwright.db.base import new_id
 from batchwright.errors import APIError
 from batchwright.online import metrics
+from batchwright.online.inflight import Slot
 
 # A client that left before the end (nginx's code for it).
 CLIENT_CLOSED = 499
@@ -20,7 +21,10 @@ class Call:
     project_id: str
     key_id: str
     id: str = field(default_factory=lambda: new_id("cmpl-", 8))
+    # A name of the registry, set once the model checked out: metrics label with it, so a
+    # client's string never becomes a label. `requested`: what the body named (usage row).
     model: str = ""
+    requested: str = ""
     stream: bool = False
     arrived: float = field(default_factory=time.time)
     t0: float = field(default_factory=time.monotonic)
@@ -33,6 +37,8 @@ class Call:
     disconnected: bool = False
     charged_tokens: int = 0
     headers: dict[str, str] = field(default_factory=dict)
+    slot: Slot | None = None  # its place among the process's requests in flight
+    finished: bool = False  # counted, recorded, settled (once)
     _last_chunk: float | None = None
 
     def failed(self, exc: APIError) -> None:
@@ -72,7 +78,7 @@ class Call:
             "id": self.id,
             "project_id": self.project_id,
             "key_id": self.key_id,
-            "model": self.model[:200],
+            "model": (self.model or self.requested)[:200],
             "created_at": self.arrived,
             "stream": self.stream,
             "status": self.status,

@@ -1,47 +1,71 @@
-"""POST /v1/completions: a Completion, or with `stream: true` Server-Sent Events.
+"""POST /v1/completions: a Completion, or with `stream: true` Server-Sent Events; POST
+/v1/embeddings: an embeddings list (never streamed), through the same path.
 
-Order of business: the key (401 before the body is read), the body (capped, 413), the
-validation batch lines get (400, the same messages), the model (404), a live worker of
-the model (503 at once), the project's rate limits (429), then the relay. Every answer up
-to the first chunk is plain JSON with its real status: a stream starts (200) only once
-the worker sent something to show. After that an error is a `data: {"error": …}` event
-and `[DONE]`. A client that leaves cancels the request at the worker.
+Order of business: the key (401 before the body is read), a slot of the process's and
+the project's online requests (503 or 429 with Retry-After at once), the body (capped,
+413; parsed and checked off the event loop when large), the validation batch lines get
+(400, the same messages), the model (404), a text prompt too large for the model's
+context (400), a live worker of the model (503 at once), the project's rate limits
+(429), then the relay. Every answer up to the first chunk is plain JSON with its real
+status, the worker's refusals too (context length, grammar, vocabulary, KV budget): a
+stream starts (200) only once the worker sent something to show. After that an error
+is a `data: {"error": …}` event and `[DONE]`, a Redis failure included. A client that
+leaves cancels the request at the worker. Whatever way a request ends, it leaves a usage
+row, its rate-limit charge is settled and its slot released.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import anyio
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import ORJSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
+from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
-from batchwright.errors import APIError, InvalidRequest, NotFound, RateLimited, Unavailable
+from batchwright.api.responses import JSONBody
+from batchwright.errors import APIError, InvalidRequest, NotFound, Unavailable
 from batchwright.online.admission import Caller, admit
-from batchwright.online.body import ClientGone, read_json
+from batchwright.online.body import ClientGone, read_body
 from batchwright.online.call import Call
 from batchwright.online.chat_chunks import ChatChunkWriter
 from batchwright.online.chunks import ChunkWriter
-from batchwright.online.ratelimit import Decision, estimate_tokens
+from batchwright.online.requests import check_request, refused, relay_request
 from batchwright.online.runtime import Runtime, runtime
-from batchwright.protocol.endpoints import CHAT, COMPLETIONS, check_body
+from batchwright.protocol.embeddings import EmbeddingRequest
+from batchwright.protocol.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, task_error
 from batchwright.registry import load_registry
 from batchwright.relay.api_side import Follower
-from batchwright.relay.messages import WORKER_LOST, Delta, Done, Event, Failed, OnlineRequest
+from batchwright.relay.messages import WORKER_LOST, Delta, Done, Event, Failed
+from batchwright.relay.reader import ReaderDown
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["completions"])
 T = TypeVar("T")
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+# How long a client should wait after a 503 for a worker (none live, none took it).
+_WORKER_RETRY_SECONDS = 5.0
 
 
-def _json_error(exc: APIError, headers: dict[str, str] | None = None) -> ORJSONResponse:
-    return ORJSONResponse(exc.body(), status_code=exc.status_code, headers=headers or None)
+def _json_error(exc: APIError, headers: dict[str, str] | None = None) -> JSONBody:
+    merged = {**(headers or {}), **exc.headers()}
+    return JSONBody(exc.body(), status_code=exc.status_code, headers=merged or None)
+
+
+def _redis_down(exc: BaseException) -> Unavailable:
+    log.warning("online request: Redis failed: %r", exc)
+    return Unavailable(
+        "The service's broker (Redis) is unavailable or overloaded; retry the request.",
+        code="broker_unavailable",
+        retry_after=1.0,
+    )
 
 
 @router.post("/v1/completions")
@@ -56,6 +80,13 @@ async def create_chat_completion(request: Request) -> Response:
     return await _handle(request, CHAT)
 
 
+@router.post("/v1/embeddings", tags=["embeddings"])
+async def create_embeddings(request: Request) -> Response:
+    """Embeddings from a worker of an embedding model (engine/embed/), as the SDK's
+    `client.embeddings.create` expects them."""
+    return await _handle(request, EMBEDDINGS)
+
+
 async def _handle(request: Request, endpoint: str) -> Response:
     try:
         rt = runtime(request.app)
@@ -64,59 +95,65 @@ async def _handle(request: Request, endpoint: str) -> Response:
         return _json_error(exc)
     call = Call(caller.project_id, caller.key_id)
     try:
+        call.slot = rt.inflight.acquire(caller.project_id)
         return await _serve(request, rt, caller, call, endpoint)
     except ClientGone:
         call.gone()
         _finish(rt, caller, call)
         return Response(status_code=400)  # nobody reads it
     except APIError as exc:
-        call.failed(exc)
-        _finish(rt, caller, call)
-        return _json_error(exc, call.headers)
+        return _failed(rt, caller, call, exc)
+    except (RedisError, ReaderDown) as exc:
+        return _failed(rt, caller, call, _redis_down(exc))
+    except Exception:
+        log.exception("online request failed")
+        return _failed(rt, caller, call, APIError("Internal server error."))
+
+
+def _failed(rt: Runtime, caller: Caller, call: Call, exc: APIError) -> JSONBody:
+    call.failed(exc)
+    _finish(rt, caller, call)
+    return _json_error(exc, call.headers)
 
 
 async def _serve(
     request: Request, rt: Runtime, caller: Caller, call: Call, endpoint: str
 ) -> Response:
-    body = await read_json(request, rt.settings.max_json_body_bytes)
-    req, error = check_body(endpoint, body, online=True)
-    if isinstance(body, dict) and isinstance(body.get("model"), str):
-        call.model = body["model"]
-    if error is not None or req is None:
-        err = error or {}
-        raise InvalidRequest(str(err.get("message")), param=err.get("param"), code=err.get("code"))
-    call.stream = bool(req.stream)
+    raw = await read_body(request, rt.settings.max_json_body_bytes)
+    checked = await check_request(endpoint, raw)
+    call.requested = checked.requested
+    if checked.error is not None or checked.req is None:
+        raise checked.error or InvalidRequest("The request body is not valid.")
+    req, body = checked.req, checked.body
+    call.stream = bool(getattr(req, "stream", False))  # never for embeddings
     registry = await run_in_threadpool(load_registry, rt.settings)
-    if registry.get(req.model) is None:
+    spec = registry.get(req.model)
+    if spec is None:
         raise NotFound(
             f"The model '{req.model[:200]}' does not exist here; available: "
             f"{', '.join(registry.names)}.",
             param="model",
             code="model_not_found",
         )
+    # Only a registry name from here on (metrics label it, the usage row keeps it).
+    call.model = req.model
+    why = task_error(endpoint, req.model, spec.kind)
+    if why is not None:
+        raise InvalidRequest(why, param="model", code="model_not_supported")
+    await rt.prompt_fits(req)
     if not await rt.relay.live_workers(req.model):
         raise Unavailable(
             f"No worker is serving model '{req.model}' right now (none has a live heartbeat); "
             f"start one (`batchwright worker --models {req.model}`) or retry later.",
             code="model_not_served",
+            retry_after=_WORKER_RETRY_SECONDS,
         )
-    estimate = estimate_tokens(req)
-    decision = await rt.limiter.acquire(caller.project_id, caller.limits, estimate)
+    estimate, decision = await rt.charge(caller, req)
     call.headers.update(decision.headers)
     if not decision.allowed:
-        raise _refused(decision, caller, estimate)
+        raise refused(decision, caller.limits, estimate)
     call.charged_tokens = estimate
-    now = time.time()
-    online = OnlineRequest(
-        id=call.id,
-        model=req.model,
-        project_id=caller.project_id,
-        key_id=caller.key_id,
-        body=body,
-        created=int(now),
-        enqueued_at=now,
-        deadline=now + rt.settings.online_queue_timeout_seconds,
-    )
+    online = relay_request(call.id, req.model, caller, body, rt.settings)
     follower = await rt.relay.submit(online)
     try:
         first = await _unless_gone(request, lambda: _first_output(follower, rt))
@@ -128,34 +165,17 @@ async def _serve(
         call.gone()
         _finish(rt, caller, call)
         return Response(status_code=499)
-    if req.stream:
+    if isinstance(first, Failed):
+        # Refused before anything was shown (the worker's checks): its status, not a stream.
+        await follower.close()
+        raise _failure(first)
+    if call.stream and not isinstance(req, EmbeddingRequest):
         chunks = ChatChunkWriter if endpoint == CHAT else ChunkWriter
         writer = chunks(online, req.include_usage, _fingerprint(follower))
-        stream = _stream(first, follower, writer, rt, caller, call)
+        stream = _Stream(first, follower, writer, rt, caller, call)
         headers = {**SSE_HEADERS, **call.headers}
-        return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+        return _StreamResponse(stream, headers)
     return await _answer(request, first, follower, rt, caller, call)
-
-
-def _refused(decision: Decision, caller: Caller, estimate: int) -> RateLimited:
-    limits = caller.limits
-    if decision.retry_after == float("inf"):
-        return RateLimited(
-            f"Request too large for the project's online tokens per minute: limit "
-            f"{limits.tokens_per_minute}, requested about {estimate} (prompt and max_tokens for "
-            "every sequence). Lower max_tokens or n, or split the prompts.",
-            limit="tokens",
-        )
-    per_minute = (
-        limits.requests_per_minute
-        if decision.limited_by == "requests"
-        else limits.tokens_per_minute
-    )
-    return RateLimited(
-        f"Rate limit reached for the project's online {decision.limited_by} per minute: limit "
-        f"{per_minute}. Please try again in {decision.retry_after:.1f} s.",
-        limit=decision.limited_by or "requests",
-    )
 
 
 async def _first_output(follower: Follower, rt: Runtime) -> Event:
@@ -170,6 +190,7 @@ async def _first_output(follower: Follower, rt: Runtime) -> Event:
                 f"{timeout:g} s (BATCHWRIGHT_ONLINE_QUEUE_TIMEOUT_SECONDS): its workers are busy "
                 "or gone. Retry later.",
                 code="queue_timeout",
+                retry_after=_WORKER_RETRY_SECONDS,
             )
         if isinstance(event, Failed) and _retryable(event, follower):
             await follower.resubmit()
@@ -183,7 +204,8 @@ def _retryable(event: Failed, follower: Follower) -> bool:
 
 
 def _failure(event: Failed) -> APIError:
-    err = APIError(str(event.error.get("message") or "The request failed."))
+    retry = 1.0 if event.status in (429, 503) else None
+    err = APIError(str(event.error.get("message") or "The request failed."), retry_after=retry)
     err.status_code = event.status
     err.type = str(
         event.error.get("type")
@@ -227,64 +249,118 @@ async def _answer(
             call.prompt_tokens = follower.started.prompt_tokens or 0
         _finish(rt, caller, call)
         return Response(status_code=499)
-    await follower.close()
+    await _quietly(follower.close())
     if isinstance(end, Failed):
-        exc = _failure(end)
-        call.failed(exc)
-        _finish(rt, caller, call)
-        return _json_error(exc, call.headers)
+        return _failed(rt, caller, call, _failure(end))
     call.completed(end.completion)
     _finish(rt, caller, call)
-    return ORJSONResponse(end.completion, headers=call.headers or None)
+    return JSONBody(end.completion, headers=call.headers or None)
 
 
-async def _stream(
-    first: Event,
-    follower: Follower,
-    writer: ChunkWriter | ChatChunkWriter,
-    rt: Runtime,
-    caller: Caller,
-    call: Call,
-) -> AsyncIterator[bytes]:
-    ended = False
-    try:
-        event: Event | None = first
-        while True:
-            if isinstance(event, Delta):
-                before = writer.tokens
-                for chunk in writer.delta(event):
-                    yield chunk
-                call.chunk_sent(writer.tokens - before)
-            elif isinstance(event, Done):
-                call.completed(event.completion)
-                ended = True
-                for chunk in writer.done(event.completion):
-                    yield chunk
-                return
-            elif isinstance(event, Failed):
-                call.failed_with(event.status, event.error)
-                ended = True
-                for chunk in writer.error(event.error):
-                    yield chunk
-                return
-            event = await follower.next()
-    finally:
+class _Stream:
+    """A streamed answer's chunks, and its end: whichever way it ends (done, failed, the
+    client gone, Redis gone, or never iterated at all), `close` gives the request up if it
+    did not end, writes its usage and settles its charge, once."""
+
+    def __init__(
+        self,
+        first: Event,
+        follower: Follower,
+        writer: ChunkWriter | ChatChunkWriter,
+        rt: Runtime,
+        caller: Caller,
+        call: Call,
+    ) -> None:
+        self.first: Event | None = first
+        self.follower, self.writer = follower, writer
+        self.rt, self.caller, self.call = rt, caller, call
+        self.ended = False
+        self.closed = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        writer, call = self.writer, self.call
+        try:
+            event, self.first = self.first, None
+            while True:
+                if event is None:
+                    event = await self.follower.next()
+                if isinstance(event, Delta):
+                    before = writer.tokens
+                    chunks = writer.delta(event)
+                    # Counted as they are handed over, not after: a client that leaves
+                    # while the first chunk is being sent never lets the generator resume
+                    # past its yield, and its usage row had no time to first token (the
+                    # intermittent failure of test_lifecycle's streamed-disconnect test).
+                    call.chunk_sent(writer.tokens - before)
+                    for chunk in chunks:
+                        yield chunk
+                elif isinstance(event, Done):
+                    call.completed(event.completion)
+                    self.ended = True
+                    for chunk in writer.done(event.completion):
+                        yield chunk
+                    return
+                elif isinstance(event, Failed):
+                    call.failed_with(event.status, event.error)
+                    self.ended = True
+                    for chunk in writer.error(event.error):
+                        yield chunk
+                    return
+                event = None
+        except (RedisError, ReaderDown) as exc:
+            err = _redis_down(exc)
+            call.failed(err)
+            for chunk in writer.error(err.body()["error"]):
+                yield chunk
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        call = self.call
         with anyio.CancelScope(shield=True):
-            if not ended:
-                call.gone()
-                call.completion_tokens = writer.tokens
-                if follower.started is not None:
-                    call.prompt_tokens = follower.started.prompt_tokens or 0
-                await _give_up(follower)
+            if not self.ended:
+                if call.status == 200:
+                    call.gone()
+                call.completion_tokens = self.writer.tokens
+                if self.follower.started is not None:
+                    call.prompt_tokens = self.follower.started.prompt_tokens or 0
+                await _give_up(self.follower)
             else:
-                await follower.close()
-            _finish(rt, caller, call)
+                await _quietly(self.follower.close())
+            _finish(self.rt, self.caller, call)
+
+
+class _StreamResponse(StreamingResponse):
+    """The SSE response; its stream is closed even when it never started (the client
+    left before the first chunk went: Starlette then never iterates the generator)."""
+
+    def __init__(self, stream: _Stream, headers: dict[str, str]) -> None:
+        self.stream = stream
+        super().__init__(stream.chunks(), media_type="text/event-stream", headers=headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.stream.close()
 
 
 async def _give_up(follower: Follower) -> None:
     with anyio.CancelScope(shield=True):
-        await follower.cancel()
-        await follower.close()
+        await _quietly(follower.cancel())
+        await _quietly(follower.close())
+
+
+async def _quietly(work: Awaitable[Any]) -> None:
+    """A clean-up step that must not keep the ones after it (usage, settlement) from
+    running: Redis failing it is logged (the cancel key and events expire on their own)."""
+    try:
+        await work
+    except (RedisError, OSError) as exc:
+        log.warning("online request clean-up: %r", exc)
 
 
 async def _unless_gone(request: Request, work: Callable[[], Awaitable[T]]) -> T | None:
@@ -310,6 +386,12 @@ async def _unless_gone(request: Request, work: Callable[[], Awaitable[T]]) -> T 
 
 
 def _finish(rt: Runtime, caller: Caller, call: Call) -> None:
+    """The request's end, once: metrics, its usage row, its slot, its charge settled."""
+    if call.finished:
+        return
+    call.finished = True
+    if call.slot is not None:
+        call.slot.release()
     call.count()
     rt.usage.record(call.row())
     if call.charged_tokens:
@@ -322,7 +404,15 @@ _tasks: set[Any] = set()
 
 
 def _background(coro: Coroutine[Any, Any, None]) -> None:
-    """Run a coroutine after the answer without waiting for it (kept referenced)."""
-    task = asyncio.ensure_future(coro)
+    """Run a coroutine after the answer without waiting for it (kept referenced; a failure
+    is logged: the bucket refills on its own)."""
+
+    async def guarded() -> None:
+        try:
+            await coro
+        except Exception as exc:
+            log.warning("online request settlement: %r", exc)
+
+    task = asyncio.ensure_future(guarded())
     _tasks.add(task)
     task.add_done_callback(_tasks.discard)

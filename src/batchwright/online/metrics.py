@@ -7,7 +7,8 @@ from prometheus_client import Counter, Histogram
 
 REQUESTS = Counter(
     "batchwright_online_requests_total",
-    "Online /v1/completions requests by model, how they ended (HTTP status) and streaming",
+    "Online requests (/v1/completions and /v1/chat/completions) by model, how they ended "
+    "(HTTP status) and streaming",
     ["model", "status", "stream"],
 )
 TIME_TO_FIRST_TOKEN = Histogram(

@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 
 from batchwright.protocol.chat import ChatCompletionRequest
 from batchwright.protocol.completions import CompletionRequest
+from batchwright.protocol.embeddings import EmbeddingRequest
 
 # KEYS: requests bucket, tokens bucket. ARGV: requests/min, tokens/min (0: none), tokens.
 # -> {1 admitted | 0 refused, seconds to wait, requests level, tokens level} as strings.
@@ -85,9 +86,18 @@ class Decision:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-def estimate_tokens(req: CompletionRequest | ChatCompletionRequest) -> int:
+def estimate_tokens(req: CompletionRequest | ChatCompletionRequest | EmbeddingRequest) -> int:
     """Prompt tokens (estimated for text) plus max_tokens for every sequence. A chat
-    request without a completion limit is charged its prompt (settled with its usage)."""
+    request without a completion limit is charged its prompt (settled with its usage); an
+    embeddings request its inputs."""
+    if isinstance(req, EmbeddingRequest):
+        return max(
+            1,
+            sum(
+                len(x) if isinstance(x, list) else math.ceil(len(x.encode()) / 4)
+                for x in req.inputs
+            ),
+        )
     if isinstance(req, ChatCompletionRequest):
         text = sum(math.ceil(len(m.text.encode()) / 4) + 4 for m in req.messages)
         return max(1, text) + (req.max_new_tokens or 0) * req.n

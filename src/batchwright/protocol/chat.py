@@ -279,11 +279,16 @@ def _unsupported(body: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def check_chat_body(
-    body: object, max_sequences: int | None = None, *, online: bool = False
+    body: object,
+    max_sequences: int | None = None,
+    *,
+    online: bool = False,
+    check_schema: bool = False,
 ) -> tuple[ChatCompletionRequest | None, dict[str, Any] | None]:
     """Validate a chat line's body: (request, None) or (None, OpenAI error object).
     `online`: the body of a POST /v1/chat/completions, where `stream` and `stream_options`
-    are allowed."""
+    are allowed; `check_schema`: a response_format's schema is checked against the
+    metaschema too (where bodies come in: protocol/endpoints.check_body)."""
     if not isinstance(body, dict):
         return None, _error("The request body must be a JSON object.", None, "invalid_body")
     for key in body:
@@ -292,7 +297,8 @@ def check_chat_body(
     if (err := _unsupported(body)) is not None:
         return None, err
     try:
-        req = ChatCompletionRequest.model_validate(body, context={"online": online})
+        context = {"online": online, "check_schema": check_schema}
+        req = ChatCompletionRequest.model_validate(body, context=context)
     except ValidationError as exc:
         first = exc.errors()[0]
         message, param = _describe(first)

@@ -75,12 +75,23 @@ def show(value: Any) -> str:
     return _SHOW.repr(value)
 
 
+# Characters of one stop sequence. Every step of a row holds back what may still become
+# one (engine/stop.py); a megabyte stop made that hold-back, and the search, the row's
+# biggest cost. Longer than any delimiter a prompt format or eval harness uses.
+MAX_STOP_CHARS = 1024
+
+
 def check_stop(v: str | list[str] | None) -> str | list[str] | None:
     items = [v] if isinstance(v, str) else (v or [])
     if len(items) > 4:
         raise ValueError(f"at most 4 stop sequences are allowed, got {len(items)}")
     if any(s == "" for s in items):
         raise ValueError("stop sequences must be non-empty strings")
+    if any(len(s) > MAX_STOP_CHARS for s in items):
+        longest = max(len(s) for s in items)
+        raise ValueError(
+            f"a stop sequence may be at most {MAX_STOP_CHARS} characters long, got {longest}"
+        )
     return v
 
 
@@ -287,20 +298,27 @@ def _describe(err: Any) -> tuple[str, str | None]:
 
 
 def check_completion_body(
-    body: object, max_sequences: int | None = None, *, online: bool = False
+    body: object,
+    max_sequences: int | None = None,
+    *,
+    online: bool = False,
+    check_schema: bool = False,
 ) -> tuple[CompletionRequest | None, dict[str, Any] | None]:
     """Validate a batch line's body: (request, None) or (None, OpenAI error object).
 
     `max_sequences` caps prompts x best_of (or n) per line; None reads it from Settings.
     `online`: the body of a POST /v1/completions, where `stream` and `stream_options` are
-    allowed; every other check (and its message) is the batch line's."""
+    allowed; every other check (and its message) is the batch line's. `check_schema`: a
+    response_format's schema is checked against the metaschema too (where bodies come in:
+    protocol/endpoints.check_body)."""
     if not isinstance(body, dict):
         return None, _error("The request body must be a JSON object.", None, "invalid_body")
     for key in body:
         if key not in KNOWN_PARAMS:
             return None, _error(f"Unrecognized request argument supplied: {key[:64]}", key[:64])
     try:
-        req = CompletionRequest.model_validate(body, context={"online": online})
+        context = {"online": online, "check_schema": check_schema}
+        req = CompletionRequest.model_validate(body, context=context)
     except ValidationError as exc:
         errors = exc.errors()
         # Prefer the error of the simplest union branch for prompt (several branches fail).

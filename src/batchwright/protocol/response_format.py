@@ -1,8 +1,9 @@
 """`response_format`: plain text, any JSON object, or JSON matching a schema.
 
 OpenAI takes it on /v1/chat/completions; batchwright takes the same object on
-/v1/completions lines too (an extension). Torch-free: the API and the validating worker
-check the shape and that the schema is a JSON Schema; whether the grammar library can
+/v1/completions lines too (an extension). Torch-free: every reader checks the schema's
+size (schema_bounds.py); the API and the validating worker (a validation context with
+`check_schema`) also check that it is a JSON Schema; whether the grammar library can
 compile it is the engine's call (engine/grammar.py), a 400 naming `response_format` too.
 """
 
@@ -14,7 +15,16 @@ import threading
 from collections import OrderedDict
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from batchwright.protocol.schema_bounds import schema_bounds_error
 
 # OpenAI: a-z, A-Z, 0-9, underscores and dashes, at most 64 characters.
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -43,10 +53,18 @@ class JSONSchemaFormat(BaseModel):
 
     @field_validator("schema_")
     @classmethod
-    def _is_json_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _is_json_schema(
+        cls, v: dict[str, Any] | None, info: ValidationInfo
+    ) -> dict[str, Any] | None:
         if v is None:
             return v
-        error = _schema_error(v)
+        # Bounds first: no check (nor later a compile) runs on a schema past them.
+        error = schema_bounds_error(v)
+        if error is None and info.context and info.context.get("check_schema"):
+            # Against the metaschema where a body comes in (the API, a batch's validation);
+            # the engine reads bodies checked there and leaves the rest to the grammar
+            # compile, off its thread (engine/grammar.py).
+            error = _schema_error(v)
         if error is not None:
             raise ValueError(error)
         return v

@@ -10,6 +10,9 @@
 - `events:{request}` stream: the request's events, worker to API.
 - `cancel:{request}` string with a TTL: the API gave the request up.
 - `requeues:{request}` counter: times a dead worker's request went back to `pending`.
+- `limits:{model}` string with a TTL: what the model's workers announce of it (its
+  context length, its vocabulary's longest token in bytes) for the API's checks.
+- `reader:{id}` stream with a TTL: rings an API process's event reader (reader.py).
 """
 
 from __future__ import annotations
@@ -48,3 +51,6 @@ class RelayKeys:
 
     def requeues(self, request_id: str) -> str:
         return f"{self.prefix}:requeues:{request_id}"
+
+    def limits(self, model: str) -> str:
+        return f"{self.prefix}:limits:{model}"

@@ -98,6 +98,14 @@ class Delta(_Event):
     choices: list[ChoiceDelta]
 
 
+class Tick(_Event):
+    """The worker's engine still steps for the request: sent when nothing else went to it
+    for a while (a request waiting for rows, a non-streamed one), so the API can tell a
+    stuck engine from a slow request (its idle timeout)."""
+
+    type: Literal["tick"] = "tick"
+
+
 class Done(_Event):
     """The full Completion object: what a batch line's body would be, usage included."""
 
@@ -115,16 +123,20 @@ class Failed(_Event):
     error: dict[str, Any]
 
 
-Event = Annotated[Started | Delta | Done | Failed, Field(discriminator="type")]
+Event = Annotated[Started | Delta | Tick | Done | Failed, Field(discriminator="type")]
 _EVENT: TypeAdapter[Event] = TypeAdapter(Event)
 FIELD = b"e"
 # Code of the Failed event the reaper writes for a request whose worker died after it
 # started (the API resubmits it once if the client has seen nothing yet).
 WORKER_LOST = "worker_lost"
+# Code of the Failed event the API makes for a started request whose worker sent nothing
+# within the idle timeout (relay/api_side.py).
+STALLED = "engine_stalled"
 
 
-def encode_event(event: Started | Delta | Done | Failed) -> bytes:
-    return orjson.dumps(event.model_dump(exclude_none=False))
+def encode_event(event: Started | Delta | Tick | Done | Failed) -> bytes:
+    # An embeddings Done carries its vectors as float32 arrays (protocol/embeddings.py).
+    return orjson.dumps(event.model_dump(exclude_none=False), option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def decode_event(raw: bytes | str) -> Event:

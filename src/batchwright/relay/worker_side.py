@@ -14,6 +14,7 @@ relay.leave()                         # on shutdown, after finishing what it hol
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -30,10 +31,14 @@ from batchwright.relay.messages import (
     Failed,
     OnlineRequest,
     Started,
+    Tick,
     encode_event,
 )
 
-WorkerEvent = Started | Delta | Done | Failed
+WorkerEvent = Started | Delta | Tick | Done | Failed
+# A hard bound on a request's event stream (entries, trimmed approximately): far past what
+# `max_unread_bytes` lets a request keep unread, so it never cuts events a reader needs.
+MAX_STREAM_EVENTS = 100_000
 WORKER_LOST_MESSAGE = (
     "The worker generating this completion stopped before it finished; retry the request."
 )
@@ -56,6 +61,7 @@ class WorkerRelay:
         ttl_seconds: float = 5.0,
         events_ttl_seconds: int = 3600,
         max_requeues: int = 3,
+        max_unread_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self.redis = client
         self.keys = RelayKeys(queue)
@@ -64,6 +70,10 @@ class WorkerRelay:
         self.ttl_seconds = ttl_seconds
         self.events_ttl_seconds = events_ttl_seconds
         self.max_requeues = max_requeues
+        self.max_unread_bytes = max_unread_bytes
+        # Sizes of the events written per request, newest last (as many as may be unread),
+        # and their sum.
+        self._sizes: dict[str, tuple[deque[int], list[int]]] = {}
         self._take = client.register_script(scripts.TAKE)
         self._members = client.register_script(scripts.MEMBERS)
         self._reap = client.register_script(scripts.REAP)
@@ -71,16 +81,16 @@ class WorkerRelay:
 
     # --- liveness ------------------------------------------------------------------------
 
-    def announce(self) -> None:
-        """This worker is alive for `ttl_seconds` more and serves its models."""
+    def announce(self, limits: dict[str, dict[str, Any]] | None = None) -> None:
+        """This worker is alive for `ttl_seconds` more and serves its models; `limits`:
+        what it knows of loaded ones (for the API's checks), kept as long."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.set(
-            self.keys.worker(self.worker_id),
-            orjson.dumps(self.models),
-            px=int(self.ttl_seconds * 1000),
-        )
+        ttl = int(self.ttl_seconds * 1000)
+        pipe.set(self.keys.worker(self.worker_id), orjson.dumps(self.models), px=ttl)
         for model in self.models:
             pipe.sadd(self.keys.serving(model), self.worker_id)
+        for model, known in (limits or {}).items():
+            pipe.set(self.keys.limits(model), orjson.dumps(known), px=ttl)
         pipe.execute()
 
     def leave(self) -> tuple[int, int]:
@@ -140,25 +150,49 @@ class WorkerRelay:
         handed back meanwhile (this worker was taken for dead)."""
         return bool(self.redis.lrem(self.keys.taken(self.worker_id), 1, taken.raw))
 
-    def publish(self, events: Iterable[tuple[OnlineRequest, WorkerEvent | dict[str, Any]]]) -> None:
+    def publish(
+        self, events: Iterable[tuple[OnlineRequest, WorkerEvent | dict[str, Any]]]
+    ) -> set[str]:
         """Append events to their requests' streams, all in one round trip (each event's
         `attempt` is set to its request's). An event may come as the JSON object of a
-        Delta (the engine's deltas, every step: no model built for them); the stream's
-        time to live is set by the other events, which start and end it."""
+        Delta (the engine's deltas, every step: no model built for them). Every add renews
+        the stream's time to live (the API deletes a stream it left; a late event must not
+        re-create it for good) and bounds it.
+
+        Returns the ids of requests whose reader lags: the API trims what it read, so what
+        a stream holds is what was not read; past `max_unread_bytes` of it the client is
+        taken to have stopped reading (the caller drops the request)."""
         pipe = self.redis.pipeline(transaction=False)
-        count = 0
+        sent: list[tuple[str, int]] = []
         for request, event in events:
             key = self.keys.events(request.id)
             if isinstance(event, dict):
                 event["attempt"] = request.attempt
-                pipe.xadd(key, {FIELD: orjson.dumps(event)})
+                data = orjson.dumps(event)
             else:
                 event.attempt = request.attempt
-                pipe.xadd(key, {FIELD: encode_event(event)})
-                pipe.expire(key, self.events_ttl_seconds)
-            count += 1
-        if count:
-            pipe.execute()
+                data = encode_event(event)
+            pipe.xadd(key, {FIELD: data}, maxlen=MAX_STREAM_EVENTS, approximate=True)
+            pipe.expire(key, self.events_ttl_seconds)
+            pipe.xlen(key)
+            sent.append((request.id, len(data)))
+        if not sent:
+            return set()
+        replies = pipe.execute()
+        lagging: set[str] = set()
+        for (rid, size), unread in zip(sent, replies[2::3], strict=True):
+            sizes, total = self._sizes.setdefault(rid, (deque(), [0]))
+            sizes.append(size)
+            total[0] += size
+            while len(sizes) > int(unread):
+                total[0] -= sizes.popleft()
+            if total[0] > self.max_unread_bytes:
+                lagging.add(rid)
+        return lagging
+
+    def forget(self, request_id: str) -> None:
+        """The request sends nothing more: its bookkeeping goes."""
+        self._sizes.pop(request_id, None)
 
     def cancelled(self, request_ids: Sequence[str]) -> set[str]:
         """The ids among these that the API gave up (client gone, deadline passed)."""

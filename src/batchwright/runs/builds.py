@@ -4,12 +4,14 @@ say what it is building and for how long (the engine then finds both on disk).""
 from __future__ import annotations
 
 import glob
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from batchwright.registry import DEMO_MODEL, ModelSpec
+from batchwright.worker import runner
 
 
 @dataclass(frozen=True)
@@ -38,11 +40,29 @@ def _demo_model(spec: ModelSpec) -> bool:
 def _kernel() -> bool:
     from batchwright.engine.attention.native import paged_attention_kernel
 
-    return paged_attention_kernel() is not None
+    # Ctrl-C reaches the compiler too (one process group), and the engine would then log
+    # that the kernel is unavailable "interrupted by user": the run is stopping, say nothing.
+    engine_log = logging.getLogger(paged_attention_kernel.__module__)
+    quiet = _WhileRunning()
+    engine_log.addFilter(quiet)
+    try:
+        return paged_attention_kernel() is not None
+    finally:
+        engine_log.removeFilter(quiet)
+
+
+class _WhileRunning(logging.Filter):
+    """Lets records through unless the run was interrupted."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not runner.SHUTDOWN.is_set()
 
 
 def _kernel_wanted(spec: ModelSpec) -> bool:
-    """The engine's condition (engine/loader.py): float32 models on the CPU."""
+    """The engine's condition (engine/loader.py): float32 models on the CPU; an embedding
+    model decodes nothing and never loads it."""
+    if spec.kind == "embed":
+        return False
     if not spec.native_attention or spec.dtype not in ("auto", "float32"):
         return False
     if spec.device != "auto":

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from batchwright.runs.interrupt import Interrupt
 from batchwright.runs.state import InputProblem, StateBusy
@@ -51,12 +52,13 @@ def run_command(
     except RunInterrupted as exc:
         err.print(
             f"interrupted at {exc.done} of {exc.total} lines; "
-            "run the same command again to continue"
+            "run the same command again to continue",
+            markup=False,
         )
         interrupt.exit_now(exc.code)
         raise  # not reached
     except (InputProblem, StateBusy) as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from None
     finally:
         interrupt.uninstall()

@@ -28,7 +28,7 @@ from batchwright.files.storage import ChunkWriter
 from batchwright.protocol.batches import BatchObject, CreateBatch
 from batchwright.protocol.endpoints import file_endpoint
 from batchwright.runs.interrupt import Interrupt
-from batchwright.runs.outputs import default_paths, export
+from batchwright.runs.outputs import check_paths, default_paths, export
 from batchwright.runs.progress import LiveCounts, RunView
 from batchwright.runs.state import READ_BYTES, RunState, inspect_input
 from batchwright.runs.worker import InlineWorker, finished
@@ -126,6 +126,9 @@ def run_file(
     console: Console | None = None,
     interrupt: Interrupt | None = None,
 ) -> RunResult:
+    options = options or RunOptions()
+    default_output, default_errors = default_paths(input_path)
+    check_paths(input_path, options.output or default_output, options.errors or default_errors)
     settings = get_settings()
     outbox.install()  # the service's own code paths, its hooks included
     info = inspect_input(input_path)
@@ -134,7 +137,7 @@ def run_file(
     try:
         run = _Run(
             input_path,
-            options or RunOptions(),
+            options,
             console or Console(stderr=True, highlight=False),
             interrupt or Interrupt(),
             settings,
@@ -159,10 +162,13 @@ class _Run:
         state, console = self.state, self.console
         meta = state.meta()
         if self.options.restart and state.dir.exists():
-            console.print("--restart: discarding the saved state of an earlier run")
+            console.print("--restart: discarding the saved state of an earlier run", markup=False)
             meta = None
         elif meta is not None and meta.get("sha256") != sha256:
-            console.print(f"{self.input_path} changed since the interrupted run; starting over")
+            console.print(
+                f"{self.input_path} changed since the interrupted run; starting over",
+                markup=False,
+            )
             meta = None
         if not self.settings.database_url:
             self.settings.database_url = f"sqlite:///{state.database}"
@@ -172,7 +178,8 @@ class _Run:
         if batch.total and batch.status not in ("validating", "completed", "failed"):
             done, _ = finished(batch.id)
             console.print(
-                f"continuing: {done} of {batch.total} lines already done (state: {state.dir})"
+                f"continuing: {done} of {batch.total} lines already done (state: {state.dir})",
+                markup=False,
             )
         return batch.id
 

@@ -1,5 +1,6 @@
 """What a person sees while `batchwright run` works: lines done of total, failed lines,
-generated tokens per second and the time left, updated as each line finishes.
+generated tokens per second (embedded tokens for an embeddings file) and the time left,
+updated as each line finishes.
 
 Results are counted as the engine yields them (the database only sees them a flush later,
 in steps of up to 32 lines), on top of what was already done when generation started.
@@ -10,18 +11,22 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     SpinnerColumn,
+    Task,
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.text import Text
 
 from batchwright.engine.requests.observer import Observer
 from batchwright.engine.requests.types import GenResult
@@ -33,10 +38,15 @@ WINDOW_SECONDS = 20.0
 class LiveCounts:
     """Lines finished and tokens generated, counted in the worker thread as results appear."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
+        self._clock = clock
         self.base_done = self.base_failed = 0
         self.done = self.failed = self.tokens = 0
+        # (when, lines done, tokens) as the first token of this process was generated: rates
+        # count from there, not from the start (loading and first-use builds take seconds to
+        # minutes and generate nothing).
+        self.first_token: tuple[float, int, int] | None = None
 
     def rebase(self, done: int, failed: int) -> None:
         """What the database holds before any result of this process is counted."""
@@ -44,12 +54,22 @@ class LiveCounts:
             self.base_done, self.base_failed = done, failed
             self.done = self.failed = 0
 
+    def generating(self, *_: object) -> None:
+        """The first forward pass has run (a forward hook calls it on every pass)."""
+        if self.first_token is None:
+            with self._lock:
+                if self.first_token is None:
+                    self.first_token = (self._clock(), self.base_done + self.done, self.tokens)
+
     def add(self, result: GenResult) -> None:
         with self._lock:
             self.done += 1
             if result.status_code != 200:
                 self.failed += 1
-            self.tokens += result.completion_tokens
+            # An embeddings line generates nothing: its tokens/s are the tokens embedded.
+            body = result.completion
+            embedded = body is not None and body.get("object") == "list"
+            self.tokens += result.prompt_tokens if embedded else result.completion_tokens
 
     def snapshot(self) -> tuple[int, int, int]:
         with self._lock:
@@ -67,13 +87,21 @@ class Counting(Observer):
 
 
 class _Rates:
+    """Lines and tokens per second over a trailing window that never reaches back before
+    the first generated token."""
+
     def __init__(self) -> None:
         self.samples: deque[tuple[float, int, int]] = deque()
 
-    def add(self, done: int, tokens: int) -> tuple[float, float]:
-        now = time.monotonic()
+    def add(
+        self, now: float, done: int, tokens: int, origin: tuple[float, int, int] | None
+    ) -> tuple[float, float]:
+        if origin is None:
+            return 0.0, 0.0
+        if not self.samples:
+            self.samples.append(origin)
         self.samples.append((now, done, tokens))
-        while now - self.samples[0][0] > WINDOW_SECONDS:
+        while len(self.samples) > 2 and now - self.samples[1][0] >= WINDOW_SECONDS:
             self.samples.popleft()
         t0, d0, k0 = self.samples[0]
         span = now - t0
@@ -90,14 +118,35 @@ def eta_text(remaining: int, per_second: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
+class _Description(ProgressColumn):
+    """What the run is doing, read when the line is drawn (Rich's refresh thread), so a
+    finished build never lingers on the line until the next update."""
+
+    def __init__(self, view: RunView) -> None:
+        super().__init__()
+        self.view = view
+
+    def render(self, task: Task) -> Text:
+        return Text(self.view.describe(), style="bold")
+
+
+@dataclass
+class BuildOutcome:
+    built: bool = True  # False: it failed (the engine goes on without it, and says why)
+    stopped: bool = False  # Ctrl-C came during the build: nothing more is said of it
+
+
 class RunView:
     """The progress line. Disabled, it draws nothing and costs nothing."""
 
-    def __init__(self, console: Console, *, enabled: bool) -> None:
+    def __init__(
+        self, console: Console, *, enabled: bool, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.console = console
+        self.clock = clock
         self.progress = Progress(
             SpinnerColumn(),
-            TextColumn("[bold]{task.description}"),
+            _Description(self),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("lines · [red]{task.fields[failed]} failed[/red]"),
@@ -109,6 +158,7 @@ class RunView:
         )
         self.task = self.progress.add_task("starting", total=None, failed=0, rate="-", eta="--:--")
         self.rates = _Rates()
+        self._status = "starting"
         self._doing: tuple[str, float] | None = None  # what runs before generation, since when
 
     def __enter__(self) -> RunView:
@@ -120,39 +170,53 @@ class RunView:
 
     def note(self, message: str) -> None:
         """A line printed above the progress line (or alone when it is disabled)."""
-        self.console.print(message, highlight=False)
+        # Rich draws the line it last rendered below the note: render it anew first.
+        self.progress.refresh()
+        self.console.print(message, highlight=False, markup=False)
 
     @contextmanager
-    def doing(self, what: str) -> Iterator[float]:
-        """`what` (and its seconds so far) on the progress line while it runs; yields when
-        it started."""
-        started, before = time.monotonic(), self._doing
-        self._doing = (what, started)
+    def doing(self, what: str) -> Iterator[None]:
+        """`what` (and its seconds so far) on the progress line while it runs."""
+        before = self._doing
+        self._doing = (what, self.clock())
         try:
-            yield started
+            yield
         finally:
             self._doing = before
 
     @contextmanager
-    def building(self, what: str) -> Iterator[None]:
+    def building(self, what: str) -> Iterator[BuildOutcome]:
         """A first-use build: said when it starts, its seconds counted on the progress line
         while it runs (no estimate: it takes seconds to minutes, by machine), and said
-        again with the time it took."""
+        again with the time it took. What ran before it (loading) counts again from zero."""
         self.note(f"building {what} (first use only; later runs reuse it)")
-        with self.doing(f"building {what}") as started:
-            yield
-        self.note(f"built {what} in {time.monotonic() - started:.0f} s")
+        outer, started, outcome = self._doing, self.clock(), BuildOutcome()
+        try:
+            with self.doing(f"building {what}"):
+                yield outcome
+        finally:
+            if outer is not None:
+                self._doing = (outer[0], self.clock())
+        if outcome.stopped:
+            return
+        seconds = self.clock() - started
+        if outcome.built:
+            self.note(f"built {what} in {seconds:.0f} s")
+        else:
+            self.note(f"could not build {what} ({seconds:.0f} s); going on without it")
+
+    def describe(self) -> str:
+        if (doing := self._doing) is not None:
+            return f"{doing[0]} · {self.clock() - doing[1]:.0f} s"
+        described = {"in_progress": "generating", "validating": "checking lines"}
+        return described.get(self._status, self._status)
 
     def update(self, status: str, total: int | None, counts: LiveCounts) -> None:
         done, failed, tokens = counts.snapshot()
-        per_line, per_token = self.rates.add(done, tokens)
-        described = {"in_progress": "generating", "validating": "checking lines"}
-        description = described.get(status, status)
-        if (doing := self._doing) is not None:
-            description = f"{doing[0]} · {time.monotonic() - doing[1]:.0f} s"
+        per_line, per_token = self.rates.add(self.clock(), done, tokens, counts.first_token)
+        self._status = status
         self.progress.update(
             self.task,
-            description=description,
             total=total or None,
             completed=done,
             failed=failed,

@@ -24,10 +24,11 @@ SHOWN_MESSAGES = 3
 @dataclass
 class CodeGroup:
     count: int = 0
-    first: list[tuple[int, str]] = field(default_factory=list)
+    # (line number, or None for an error of the whole file, message)
+    first: list[tuple[int | None, str]] = field(default_factory=list)
 
 
-def group_failures(failures: Iterable[tuple[int, str, str]]) -> dict[str, CodeGroup]:
+def group_failures(failures: Iterable[tuple[int | None, str, str]]) -> dict[str, CodeGroup]:
     """(line, code, message) -> groups by code, keeping the first few messages of each."""
     groups: dict[str, CodeGroup] = {}
     for line, code, message in failures:
@@ -59,9 +60,16 @@ def print_groups(console: Console, title: str, groups: dict[str, CodeGroup]) -> 
     console.print(f"[bold red]{title}[/bold red]")
     ranked = sorted(groups.items(), key=lambda kv: (-kv[1].count, kv[0]))
     for code, group in ranked[:SHOWN_CODES]:
-        lines = "line" if group.count == 1 else "lines"
-        console.print(f"  [red]{escape(code)}[/red]: {group.count} {lines}", highlight=False)
+        if all(line is None for line, _ in group.first):
+            # An error of the whole file (empty, too many lines): its message says it all.
+            console.print(f"  [red]{escape(code)}[/red]", highlight=False)
+        else:
+            lines = "line" if group.count == 1 else "lines"
+            console.print(f"  [red]{escape(code)}[/red]: {group.count} {lines}", highlight=False)
         for line, message in group.first:
+            if line is None:
+                console.print(f"    {escape(message)}", highlight=False)
+                continue
             # Validation messages already start with "Line N: ".
             message = message.removeprefix(f"Line {line}: ")
             console.print(f"    line {line}: {escape(message)}", highlight=False)
@@ -76,7 +84,7 @@ def print_report(
 ) -> None:
     table = Table(title=f"{batch.id} — {batch.status}", show_header=False)
     counts, usage = batch.request_counts, batch.usage
-    table.add_row("model", str(batch.model))
+    table.add_row("model", escape(batch.model or "-"))
     table.add_row(
         "requests", f"{counts.total} total, {counts.completed} completed, {counts.failed} failed"
     )
@@ -84,11 +92,13 @@ def print_report(
         "usage",
         f"{usage.input_tokens} input + {usage.output_tokens} output = {usage.total_tokens} tokens",
     )
-    table.add_row("output", str(output or "-"))
-    table.add_row("errors", str(errors or "-"))
+    table.add_row("output", escape(str(output or "-")))
+    table.add_row("errors", escape(str(errors or "-")))
     console.print(table)
     if batch.errors and batch.errors.data:
-        file_errors = ((e.line or 0, e.code or "error", e.message or "") for e in batch.errors.data)
+        # Lines count from 1: line 0 (or none) is an error of the whole file.
+        data = batch.errors.data
+        file_errors = ((e.line or None, e.code or "error", e.message or "") for e in data)
         print_groups(console, "the file cannot run:", group_failures(file_errors))
     elif counts.failed:
         print_groups(

@@ -44,12 +44,17 @@ class InlineWorker:
 
             hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # ours says it all
             for build in [] if runner.loaded(spec.name) else first_use_builds(spec):
-                with self.view.building(build.what):
-                    build.run()
+                if self.interrupt.requested.is_set():
+                    break  # Ctrl-C: the next build would only be cut short too
+                with self.view.building(build.what) as outcome:
+                    outcome.built = build.run()
+                    outcome.stopped = self.interrupt.requested.is_set()
             engine = runner.engine_for(spec)
         if not any(isinstance(o, Counting) for o in engine.observers):
-            # Observers only: results are counted for the progress line, and an interrupt
-            # parks the thread at the next forward pass (runs/interrupt.py).
+            # Observers only: results are counted for the progress line (its rates from the
+            # first forward pass), and an interrupt parks the thread at the next forward
+            # pass (runs/interrupt.py).
+            engine.lm.model.register_forward_hook(self.counts.generating)
             engine.lm.model.register_forward_pre_hook(self.interrupt.park_hook)
             engine.observe(Counting(self.counts))
         return engine

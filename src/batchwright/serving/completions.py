@@ -8,7 +8,7 @@ from batchwright.engine.output.result import (
     LogprobsBuilder,
     TokenText,
     choice_text,
-    kept_tokens,
+    logprob_tokens,
 )
 from batchwright.engine.requests.jobs import Decode, Job, Seq
 from batchwright.protocol.completions import (
@@ -32,7 +32,7 @@ def _choice(
             b.add_prompt(job, seq.prompt_index)
             # Offsets of generated tokens continue after the echoed prompt text.
             b.pos = len(echo)
-        for i in range(kept_tokens(seq, text, piece)):
+        for i in range(logprob_tokens(seq, text, piece)):
             b.add_generated(seq, i)
         logprobs = b.build()
     finish = seq.finish or "length"

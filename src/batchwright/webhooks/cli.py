@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import sys
+from datetime import UTC, datetime
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from batchwright.errors import APIError
 
 webhooks = typer.Typer(help="Webhook endpoints of a project.", no_args_is_help=True)
-err = Console(stderr=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # one line per message
 
 
 def _fail(exc: APIError) -> None:
-    err.print(f"[red]error:[/red] {exc.message}", highlight=False, soft_wrap=True)
+    # A message may quote a URL such as http://[fe80::1]/, which Rich would read as a tag.
+    err.print(f"[red]error:[/red] {escape(exc.message)}", soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -41,24 +44,63 @@ def add(
     except APIError as exc:
         _fail(exc)
         return
-    err.print(f"endpoint id: {endpoint_id} (the secret below is not shown again)", highlight=False)
+    err.print(f"endpoint id: {endpoint_id} (the secret below is not shown again)", markup=False)
+    if _private(url):
+        # Deliveries check the address again, in the workers: without the setting there
+        # every delivery fails for good (`webhooks list` shows it).
+        err.print(
+            "note: a private or loopback address: the workers need "
+            "BATCHWRIGHT_WEBHOOK_ALLOW_PRIVATE_TARGETS=true too, or nothing is delivered",
+            markup=False,
+        )
     sys.stdout.write(secret + "\n")
+
+
+def _private(url: str) -> bool:
+    from batchwright.webhooks.targets import check_url
+
+    try:
+        check_url(url, allow_private=False)
+    except APIError:
+        return True
+    return False
 
 
 @webhooks.command("list")
 def list_(
     project: Annotated[str | None, typer.Option(help="Only this project.")] = None,
 ) -> None:
-    """List endpoints (secrets are never shown again)."""
+    """List endpoints with their deliveries by state and the last delivery error (secrets
+    are never shown again)."""
     from batchwright.db.session import session_scope
-    from batchwright.webhooks.service import list_endpoints
+    from batchwright.webhooks.service import delivery_states, list_endpoints
 
-    table = Table("id", "project", "url", "events", "created_at")
+    table = Table("id", "project", "url", "events", "created", "deliveries", "last error")
     with session_scope() as session:
-        for endpoint, project_name in list_endpoints(session, project):
+        endpoints = list_endpoints(session, project)
+        states = delivery_states(session, [endpoint.id for endpoint, _ in endpoints])
+        for endpoint, project_name in endpoints:
             events = ", ".join(endpoint.event_types) if endpoint.event_types else "all"
-            table.add_row(endpoint.id, project_name, endpoint.url, events, str(endpoint.created_at))
-    Console(width=200).print(table)
+            state = states[endpoint.id]
+            deliveries = ", ".join(
+                f"{state.counts[name]} {name}"
+                for name in ("delivered", "pending", "failed")
+                if state.counts.get(name)
+            )
+            table.add_row(
+                endpoint.id,
+                project_name,
+                endpoint.url,
+                events,
+                _when(endpoint.created_at),
+                deliveries or "none yet",
+                (state.last_error or "")[:160],
+            )
+    Console(width=200, markup=False).print(table)
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 @webhooks.command("remove")
@@ -72,4 +114,4 @@ def remove(endpoint_id: str) -> None:
             remove_endpoint(session, endpoint_id)
     except APIError as exc:
         _fail(exc)
-    err.print(f"removed {endpoint_id}", highlight=False)
+    err.print(f"removed {endpoint_id}", markup=False)

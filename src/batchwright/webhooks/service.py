@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from batchwright.auth.service import get_or_create_project
 from batchwright.config import Settings
 from batchwright.db.base import new_id, now
-from batchwright.db.models import Project, WebhookEndpoint
+from batchwright.db.models import Project, WebhookDelivery, WebhookEndpoint
 from batchwright.errors import InvalidRequest, NotFound
 from batchwright.webhooks.signing import new_secret
 from batchwright.webhooks.targets import check_url
@@ -57,6 +58,36 @@ def list_endpoints(
         query = query.where(Project.name == project_name)
     rows = session.execute(query.order_by(WebhookEndpoint.created_at, WebhookEndpoint.id))
     return [(endpoint, name) for endpoint, name in rows.tuples()]
+
+
+@dataclass
+class DeliveryState:
+    """An endpoint's deliveries by state, and the last error of one (why nothing arrives)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    last_error: str | None = None
+
+
+def delivery_states(session: Session, endpoint_ids: Sequence[str]) -> dict[str, DeliveryState]:
+    states = {endpoint_id: DeliveryState() for endpoint_id in endpoint_ids}
+    rows = session.execute(
+        select(WebhookDelivery.endpoint_id, WebhookDelivery.state, func.count())
+        .where(WebhookDelivery.endpoint_id.in_(endpoint_ids))
+        .group_by(WebhookDelivery.endpoint_id, WebhookDelivery.state)
+    )
+    for endpoint_id, name, count in rows.tuples():
+        states[endpoint_id].counts[name] = count
+    for endpoint_id, state in states.items():
+        state.last_error = session.scalar(
+            select(WebhookDelivery.last_error)
+            .where(
+                WebhookDelivery.endpoint_id == endpoint_id,
+                WebhookDelivery.last_error.is_not(None),
+            )
+            .order_by(WebhookDelivery.next_attempt_at.desc())
+            .limit(1)
+        )
+    return states
 
 
 def remove_endpoint(session: Session, endpoint_id: str) -> None:

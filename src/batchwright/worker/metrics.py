@@ -75,12 +75,16 @@ def finished(model: str, results: Sequence[GenResult]) -> None:
     ok = sum(1 for r in results if r.status_code == 200)
     prompt = sum(r.prompt_tokens for r in results)
     generated = sum(r.completion_tokens for r in results)
+    # Embedding results generate nothing: their work is the tokens embedded.
+    embedded = sum(
+        r.prompt_tokens for r in results if r.completion and r.completion.get("object") == "list"
+    )
     LINES.labels(model, "completed").inc(ok)
     LINES.labels(model, "failed").inc(len(results) - ok)
     PROMPT_TOKENS.labels(model).inc(prompt)
     GENERATED_TOKENS.labels(model).inc(generated)
     IN_FLIGHT.labels(model).dec(len(results))
-    STATS.add(in_flight=-len(results), lines=len(results), tokens=generated)
+    STATS.add(in_flight=-len(results), lines=len(results), tokens=generated + embedded)
 
 
 def released(model: str, n: int) -> None:
@@ -108,6 +112,7 @@ class _Timing(Observer):
 
 
 def instrument(engine: Engine, model: str) -> None:
-    """Time the engine's model forwards without touching it (an observer)."""
+    """Time the engine's model forwards without touching it (an observer; an embedding
+    model's runner, worker/embedding.py, takes one the same way)."""
     if not any(isinstance(o, _Timing) for o in engine.observers):
         engine.observe(_Timing(model))

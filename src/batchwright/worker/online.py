@@ -27,15 +27,18 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
 from batchwright.config import Settings
+from batchwright.engine.requests.jobs import server_error
 from batchwright.engine.requests.request import EngineRequest
 from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.protocol.chat import chat_id
+from batchwright.protocol.embeddings import is_embedding_body
 from batchwright.relay.factory import worker_relay
 from batchwright.relay.messages import (
     Done,
     Failed,
     OnlineRequest,
     Started,
+    Tick,
 )
 from batchwright.relay.worker_side import Taken, WorkerEvent
 from batchwright.worker import metrics
@@ -53,6 +56,25 @@ REAP_SECONDS = 2.0
 # left is dropped within this and a step. Every 10 ms the polls took a third of the
 # worker's Python time beside 16 streams (py-spy), and the GIL from the loop.
 CANCEL_POLL_SECONDS = 0.05
+# A request the engine holds gets at least one event this often (a Tick when nothing else
+# went to it), from the engine's own thread: the API's idle timeout tells a stuck engine
+# from a long request by their absence.
+TICK_SECONDS = 1.0
+# What a client reads after the error event of a request it did not read fast enough.
+_LAGGING = {
+    "message": "The client did not read this stream: more than "
+    "BATCHWRIGHT_ONLINE_MAX_UNREAD_BYTES of it waited unread, so the request was stopped.",
+    "type": "invalid_request_error",
+    "param": None,
+    "code": "stream_not_read",
+}
+# What a client learns of an engine that failed (the exception goes to the worker's log).
+_ENGINE_FAILED = {
+    "message": "The worker's engine failed while it held this request; retry it.",
+    "type": "server_error",
+    "param": None,
+    "code": "engine_error",
+}
 
 
 class Host(Protocol):
@@ -88,6 +110,9 @@ class OnlineWork:
         self._events: list[tuple[OnlineRequest, WorkerEvent | dict[str, Any]]] = []
         self._ended: list[Taken] = []  # last event queued: leave the taken list after it
         self._cancels: set[str] = set()  # found by the publisher, for the engine
+        self._heard: dict[str, float] = {}  # last event queued per request (engine thread)
+        self._known: dict[str, int] | None = None  # announced limits of the model
+        self._ticked = time.monotonic()
         self._stop = threading.Event()
         self._done = False  # the publisher's last round
         self._taker = threading.Thread(target=self._take_loop, daemon=True, name="relay-take")
@@ -128,7 +153,7 @@ class OnlineWork:
             try:
                 now = time.monotonic()
                 if now >= next_beat:
-                    self._in.announce()
+                    self._in.announce(self._limits())
                     next_beat = now + beat
                 if now >= next_reap:
                     self._in.reap()
@@ -145,6 +170,18 @@ class OnlineWork:
             except Exception as exc:  # Redis away: keep trying, the key lapses meanwhile
                 log.warning("relay: %r", exc)
                 self._stop.wait(beat)
+
+    def _limits(self) -> dict[str, dict[str, Any]] | None:
+        """What the API may check of the model before sending it a request (once loaded):
+        its context length, and the longest token of its vocabulary in bytes (a text
+        prompt longer than their product cannot fit)."""
+        if self._known is None and self.host.loaded.is_set() and self.host.engine is not None:
+            lm = self.host.engine.lm
+            self._known = {
+                "context_length": int(lm.context_length),
+                "max_token_bytes": max_token_bytes(lm.tokenizer),
+            }
+        return None if self._known is None else {self.model: self._known}
 
     def _has_room(self, wait: float) -> bool:
         """True when the engine can start one more request; else waits up to `wait` (its
@@ -184,20 +221,29 @@ class OnlineWork:
                 return
 
     def _send(self, events: list[Any], ended: list[Taken], running: list[str]) -> None:
-        if events:
-            self._out.publish(events)
+        lagging = self._out.publish(events) if events else set()
         for t in ended:
             self._out.finish(t)
-        if running:
-            gone = self._out.cancelled(running)
-            if gone:
-                with self._lock:
-                    self._cancels |= gone
-                    for key in gone:
-                        t = self._running.pop(key, None)  # type: ignore[arg-type]
-                        if t is not None:
-                            self._ended.append(t)
-                    self._lock.notify_all()
+            self._out.forget(t.request.id)
+        gone = self._out.cancelled(running) if running else set()
+        if lagging:
+            # Its client stopped reading: dropped as if it had left, with an error event
+            # that ends the stream should the client read on after all.
+            with self._lock:
+                for key in lagging:
+                    held = self._running.get(key)
+                    if held is not None and key not in gone:
+                        failed = Failed(worker=self.wid, status=400, error=_LAGGING)
+                        self._events.append((held.request, failed))
+                gone |= lagging
+        if gone:
+            with self._lock:
+                self._cancels |= gone
+                for key in gone:
+                    t = self._running.pop(key, None)  # type: ignore[arg-type]
+                    if t is not None:
+                        self._ended.append(t)
+                self._lock.notify_all()
 
     def _queue(
         self,
@@ -207,6 +253,10 @@ class OnlineWork:
     ) -> None:
         """An event for the publisher, sent at the engine's next step (`cancelled`): one
         wake-up a step, not one per event (each would take the GIL from the loop)."""
+        if end is None:
+            self._heard[request.id] = time.monotonic()
+        else:
+            self._heard.pop(request.id, None)
         with self._lock:
             self._events.append((request, event))
             if end is not None:
@@ -230,17 +280,15 @@ class OnlineWork:
         """The request parsed and tokenized here, off the engine's thread; a failure of
         the preparer fails this request alone."""
         body = {k: v for k, v in r.body.items() if k not in _STREAM_FIELDS}
+        line = GenRequest(r.id, body, stream=r.streamed)
+        prepare = getattr(self.host.engine, "prepare", None)
+        if prepare is None:  # an embedding model's runner takes the line as it is
+            return line  # type: ignore[return-value]
         try:
-            return self.host.engine.prepare(GenRequest(r.id, body, stream=r.streamed))
-        except Exception:
+            return prepare(line)  # type: ignore[no-any-return]
+        except Exception as exc:  # the preparer answers its own failures; not this taker's
             log.exception("preparing online request %s failed", r.id)
-            error = {
-                "message": "The request could not be prepared for the model.",
-                "type": "server_error",
-                "param": None,
-                "code": "engine_error",
-            }
-            return GenResult(key=r.id, status_code=500, error=error)
+            return server_error(r.id, exc)
 
     def take(self) -> list[EngineRequest | GenResult]:
         with self._lock:
@@ -286,9 +334,11 @@ class OnlineWork:
         t = self.live.pop(result.key)
         r = t.request
         if result.status_code == 200 and result.completion is not None:
-            chat = result.completion.get("object") == "chat.completion"
-            rid = chat_id(r.id) if chat else r.id
-            completion = {**result.completion, "id": rid, "created": r.created}
+            completion = result.completion
+            if not is_embedding_body(completion):  # an embeddings list has neither
+                chat = completion.get("object") == "chat.completion"
+                rid = chat_id(r.id) if chat else r.id
+                completion = {**completion, "id": rid, "created": r.created}
             event: WorkerEvent = Done(worker=self.wid, completion=completion)
         else:
             error = result.error or {"message": "generation failed", "type": "server_error"}
@@ -304,6 +354,7 @@ class OnlineWork:
     def cancelled(self) -> set[Any]:
         """Once a step, first thing: the last step's events go out; ids in the engine that
         the API gave up leave it now, without events."""
+        self._tick()
         self._send_queued()
         if not self._cancels:
             return set()
@@ -312,26 +363,44 @@ class OnlineWork:
         gone &= self.live.keys()
         for key in gone:
             del self.live[key]
+            self._heard.pop(key, None)
         if gone:
             metrics.ONLINE_CANCELLED.labels(self.model).inc(len(gone))
             metrics.released(self.model, len(gone))
             metrics.ONLINE_IN_FLIGHT.labels(self.model).set(len(self.live))
         return gone
 
+    def _tick(self) -> None:
+        """A Tick for each request held that heard nothing for TICK_SECONDS (at most one
+        look a TICK_SECONDS: this runs every step)."""
+        now = time.monotonic()
+        if now - self._ticked < TICK_SECONDS or not self.live:
+            return
+        self._ticked = now
+        for key, t in self.live.items():
+            if now - self._heard.get(key, 0.0) >= TICK_SECONDS:
+                self._queue(t.request, Tick(worker=self.wid))
+
     def fail_all(self, exc: BaseException) -> None:
-        """The engine's run failed: every request it held ends with a 500."""
-        error: dict[str, Any] = {
-            "message": f"The engine failed: {exc!r}"[:500],
-            "type": "server_error",
-            "param": None,
-            "code": "engine_error",
-        }
+        """The engine's run failed: every request it held ends with a 500 (what failed is
+        the worker's to log, not the clients' to read)."""
         for t in list(self.live.values()):
-            self._queue(t.request, Failed(worker=self.wid, status=500, error=error), end=t)
+            failed = Failed(worker=self.wid, status=500, error=dict(_ENGINE_FAILED))
+            self._queue(t.request, failed, end=t)
         metrics.released(self.model, len(self.live))
         self.live.clear()
+        self._heard.clear()
         metrics.ONLINE_IN_FLIGHT.labels(self.model).set(0)
         self._send_queued()
+
+
+def max_token_bytes(tokenizer: Any) -> int:
+    """An upper bound on the bytes of any one token's text: its vocabulary entry's length
+    in UTF-8 (a byte-level entry spells each byte with one character of one or two bytes;
+    a SentencePiece one spells a space as three, a raw byte as six: never fewer than the
+    bytes they stand for). Special tokens are in the vocabulary too."""
+    vocab = tokenizer.get_vocab()
+    return max((len(t.encode("utf-8", "surrogatepass")) for t in vocab), default=1)
 
 
 def start_online(host: Host, settings: Settings) -> OnlineWork:

@@ -146,11 +146,13 @@ def write_results(session: Session, token: str, results: list[GenResult]) -> int
             assert result.completion is not None
             completions.append(
                 (
-                    str(result.completion["id"]),
+                    # An embeddings list has no id of its own: the line's row names it.
+                    str(result.completion.get("id") or f"embd-{row_id}"),
                     row_id,
                     batch_id,
                     str(result.completion.get("model", "")),
-                    orjson.dumps(result.completion).decode(),
+                    # Embedding vectors are float32 arrays (protocol/embeddings.py).
+                    orjson.dumps(result.completion, option=orjson.OPT_SERIALIZE_NUMPY).decode(),
                     result.prompt_tokens,
                     result.completion_tokens,
                     result.total_tokens,

@@ -43,7 +43,14 @@ def _load(spec: ModelSpec) -> Engine:
         from batchwright.engine.engine import Engine
 
         # A worker holds only the models it was started with (--models), each loaded once.
-        _engines[spec.name] = Engine.load(spec)
+        if spec.kind == "embed":
+            from batchwright.engine.embed.engine import EmbedEngine
+            from batchwright.worker.embedding import EmbeddingRunner
+
+            # The same contract (run, max_rows, lm) over the embedding engine.
+            _engines[spec.name] = EmbeddingRunner(EmbedEngine.load(spec))  # type: ignore[assignment]
+        else:
+            _engines[spec.name] = Engine.load(spec)
         set_cpu_threads(_engines[spec.name], get_settings())
         metrics.instrument(_engines[spec.name], spec.name)
         metrics.loaded(spec.name)

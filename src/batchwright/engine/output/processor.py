@@ -28,6 +28,9 @@ class OutputProcessor:
         self.text = text
         self.feed = feed
         self.streams: dict[Any, JobStream] = {}
+        # Requests with rows: only they stream, so that whatever refuses a request (its
+        # grammar, the KV budget) does so before its first delta.
+        self.running: set[Any] = set()
         self._done: list[GenResult] = []
 
     # --- the runner's recorder -----------------------------------------------------------
@@ -66,10 +69,16 @@ class OutputProcessor:
         if stream is not None and self.feed is not None:
             self.feed.emit(job.key, stream.deltas())
 
+    def admitted(self, key: Any) -> None:
+        """The request has rows: its stream shows from now on."""
+        if key in self.streams:
+            self.running.add(key)
+
     def close(self, keys: AbstractSet[Any]) -> None:
         """Requests dropped (cancelled, refused): their streams end without a delta."""
         for key in keys & self.streams.keys():
             del self.streams[key]
+        self.running -= keys
 
     # --- after a step --------------------------------------------------------------------
 
@@ -80,11 +89,14 @@ class OutputProcessor:
             return
         feed.rows(online_rows())
         for key, stream in list(self.streams.items()):
+            if key not in self.running:
+                continue  # no row yet: nothing is shown before its last refusal could come
             deltas = stream.deltas()
             if deltas:
                 feed.emit(key, deltas)
             if stream.finished:
                 del self.streams[key]
+                self.running.discard(key)
 
     def results(self) -> list[GenResult]:
         out, self._done = self._done, []

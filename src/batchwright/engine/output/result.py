@@ -96,3 +96,12 @@ def kept_tokens(seq: Seq, text: str, piece: TokenText) -> int:
             return i
         pos += len(piece(tid))
     return len(ids)
+
+
+def logprob_tokens(seq: Seq, text: str, piece: TokenText) -> int:
+    """Generated tokens listed in a finished completion choice's logprobs: the kept ones,
+    and its EOS last, as OpenAI lists "<|endoftext|>" (its text is empty). A scorer that
+    asks for one token with echo drops the last entry as the generated one: without the
+    EOS there it dropped a prompt token instead."""
+    kept = kept_tokens(seq, text, piece)
+    return kept + 1 if seq.ended_by_eos and kept == len(seq.out_ids) - 1 else kept

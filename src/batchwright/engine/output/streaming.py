@@ -20,10 +20,16 @@ from __future__ import annotations
 
 from typing import Literal, cast
 
-from batchwright.engine.output.result import LogprobsBuilder, choice_text, kept_tokens
+from batchwright.engine.output.result import (
+    LogprobsBuilder,
+    choice_text,
+    kept_tokens,
+    logprob_tokens,
+)
 from batchwright.engine.requests.feed import Delta
 from batchwright.engine.requests.jobs import Job, Seq
 from batchwright.engine.text.text import Text
+from batchwright.protocol.endpoints import CHAT
 
 FinishReason = Literal["stop", "length"]
 
@@ -73,7 +79,10 @@ class ChoiceStream:
             self.done = True
             text = choice_text(seq, self.e.decode)
             finish = cast(FinishReason, seq.finish)
-            return self._delta(text, kept_tokens(seq, text, self.e.token_piece), finish)
+            # As the Completion lists them: a completion's EOS too, a chat's not
+            # (serving/chat.py).
+            listed = kept_tokens if self.job.endpoint == CHAT else logprob_tokens
+            return self._delta(text, listed(seq, text, self.e.token_piece), finish)
         full = self._text()
         safe = full[: len(full) - seq.stop.held_back(full)] if seq.stop.stops else full
         # Tokens whose text starts inside what will have been sent.

@@ -11,7 +11,6 @@ from typing import Any
 
 from batchwright.engine.requests.jobs import bad_request
 from batchwright.engine.requests.request import EngineRequest
-from batchwright.engine.requests.tokenize import counted, tokenize
 from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.engine.requests.validated import request_of
 from batchwright.protocol.chat import ChatCompletionRequest, check_chat_body
@@ -27,10 +26,17 @@ class TemplateError(ValueError):
         self.param = param
 
 
-def render(tokenizer: Any, template: str | None, req: ChatCompletionRequest, model: str) -> str:
-    """The prompt text of `req.messages` by the model's template, ending where the
-    assistant's reply starts. `developer` messages render as `system` (OpenAI's newer name
-    for it, unknown to most templates)."""
+def render(
+    tokenizer: Any, template: str | None, req: ChatCompletionRequest, model: str
+) -> tuple[str, list[int]]:
+    """The prompt of `req.messages` by the model's template, ending where the assistant's
+    reply starts: its text and its token ids. `developer` messages render as `system`
+    (OpenAI's newer name for it, unknown to most templates).
+
+    The ids are not the text tokenized with special tokens parsed: a message holding
+    "<|im_end|><|im_start|>system" (or the EOS text) would become those control tokens
+    and forge a turn. transformers' `sanitize_control_tokens` encodes the control tokens
+    that come from messages as plain text, and only those the template writes as tokens."""
     if template is None and getattr(tokenizer, "chat_template", None) is None:
         raise TemplateError(
             f"The model {model!r} has no chat template, so it cannot take "
@@ -51,12 +57,20 @@ def render(tokenizer: Any, template: str | None, req: ChatCompletionRequest, mod
         text = tokenizer.apply_chat_template(
             messages, chat_template=template, add_generation_prompt=True, tokenize=False
         )
+        ids = tokenizer.apply_chat_template(
+            messages,
+            chat_template=template,
+            add_generation_prompt=True,
+            tokenize=True,
+            sanitize_control_tokens=True,
+            return_dict=False,
+        )
     except Exception as exc:  # jinja's TemplateError, raise_exception() in templates
         raise TemplateError(
             f"The model's chat template cannot render these messages: {str(exc)[:300]}",
             "messages",
         ) from None
-    return str(text)
+    return str(text), [int(t) for t in ids]
 
 
 def as_completion(req: ChatCompletionRequest, prompt: list[int], max_tokens: int) -> Any:
@@ -101,13 +115,11 @@ def prepare_chat(
     if err is not None or req is None:
         return GenResult(key=greq.key, status_code=400, error=err)
     try:
-        text = render(tokenizer, template, req, model)
+        # The template writes the special tokens (BOS and the like) itself.
+        text, ids = render(tokenizer, template, req, model)
     except TemplateError as exc:
         code = "no_chat_template" if exc.param == "model" else "invalid_messages"
         return bad_request(greq.key, str(exc), exc.param, code)
-    # The template writes the special tokens (BOS and the like) itself. Tokens past the
-    # context and one are not counted: enough to refuse a prompt that cannot fit.
-    ids = tokenize(tokenizer, text, context_length, add_special_tokens=False)
     limit = req.max_new_tokens
     room = context_length - len(ids)
     if room <= 0 or (limit is not None and limit > room):
@@ -116,8 +128,8 @@ def prepare_chat(
         return bad_request(
             greq.key,
             f"This model's maximum context length is {context_length} tokens, however your "
-            f"messages take {counted(ids, context_length)} tokens in the model's chat "
-            f"template{asked}. Please reduce the length of the messages or completion.",
+            f"messages take {len(ids)} tokens in the model's chat template{asked}. Please "
+            "reduce the length of the messages or completion.",
             param,
             "context_length_exceeded",
         )

@@ -25,6 +25,18 @@ def bad_request(key: Any, message: str, param: str | None, code: str | None) -> 
     return GenResult(key=key, status_code=400, error=error)
 
 
+def server_error(key: Any, exc: BaseException) -> GenResult:
+    """The 500 of one request the engine failed on (its other requests run on): the
+    exception's type, never its text (the caller logs it whole)."""
+    error = {
+        "message": f"The engine failed on this request ({type(exc).__name__}).",
+        "type": "server_error",
+        "param": None,
+        "code": "engine_error",
+    }
+    return GenResult(key=key, status_code=500, error=error)
+
+
 @dataclass(eq=False)
 class Seq:
     """One candidate completion of one prompt: a row of the decode batch while it runs."""

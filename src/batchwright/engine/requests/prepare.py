@@ -11,19 +11,22 @@ lines (a result like any other, yielded when the engine reads it).
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
 from batchwright.engine.requests.chat import prepare_chat
-from batchwright.engine.requests.jobs import Decode, bad_request
+from batchwright.engine.requests.jobs import Decode, bad_request, server_error
 from batchwright.engine.requests.request import EngineRequest
 from batchwright.engine.requests.tokenize import counted, tokenize
 from batchwright.engine.requests.types import GenRequest, GenResult, Wake
 from batchwright.engine.requests.validated import request_of
 from batchwright.protocol.completions import check_completion_body
 from batchwright.protocol.endpoints import CHAT, COMPLETIONS, endpoint_of
+
+log = logging.getLogger(__name__)
 
 # The compile of a response_format (sampling/grammar.py's Grammars.request).
 GrammarFor = Callable[[Any], "Future[Any] | None"]
@@ -61,7 +64,13 @@ class Preparer:
 
     def __call__(self, line: GenRequest) -> EngineRequest | GenResult:
         with self._lock:
-            return self._prepare(line)
+            try:
+                return self._prepare(line)
+            except Exception as exc:
+                # This line's failure, not its run's (a text that cannot be tokenized):
+                # a 500 for it alone, the exception's type only (logged whole here).
+                log.exception("line %s: preparing it failed", line.key)
+                return server_error(line.key, exc)
 
     def _prepare(self, line: GenRequest) -> EngineRequest | GenResult:
         if endpoint_of(line.body) == CHAT:

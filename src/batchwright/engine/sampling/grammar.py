@@ -11,7 +11,11 @@ and reports what it cannot compile; its grammar construction drops the GIL.
   use, and compiled grammars per distinct format (kind, canonical schema, strict) in a
   bounded LRU, each compiled once in a background thread: a line waiting for its grammar
   waits in the intake while others run (intake.py admits only lines whose grammar is ready;
-  a grammar that fails answers its line with a 400 naming `response_format`).
+  a grammar that fails answers its line with a 400 naming `response_format`). A compile
+  has `GRAMMAR_COMPILE_SECONDS` from its request to its end: past that its lines get the
+  400 (a compile cannot be stopped: it ends in its thread, unused, and at most
+  `_COMPILERS` run at once). What the library says of a schema it refuses reaches the
+  client; a panic of the library never does (it is logged).
 - A row gets its own matcher (a copy of the compiled one) when it is admitted; it follows
   every token the row records (`Seq.push`) and, after each step, writes the row's allowed
   tokens for the next step into the sampler's host bitmask (`fill`), which the sampler
@@ -22,21 +26,29 @@ and reports what it cannot compile; its grammar construction drops the GIL.
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import torch
 
+from batchwright.config import get_settings
 from batchwright.protocol.response_format import ResponseFormat
+
+log = logging.getLogger(__name__)
 
 # Distinct formats whose compiled grammars are kept (each holds its lexer and parser
 # tables; a dataset job uses a handful).
 CACHE_SIZE = 64
 # Compact JSON: whitespace between tokens is only a way for a model to run out of tokens.
 _OPTIONS: Any = {"whitespace_flexible": False}
+# Compiles running at once (each holds a core while it runs; one past its time limit runs
+# on, unused, until it ends).
+_COMPILERS = 2
 
 
 class GrammarError(ValueError):
@@ -71,25 +83,45 @@ def grammar_source(fmt: ResponseFormat) -> str:
         return str(LLMatcher.grammar_from_json_schema(schema, defaults=_OPTIONS))
     except Exception as exc:  # the library's ValueError/RuntimeError on what it refuses
         raise GrammarError(str(exc)) from None
+    except BaseException as exc:  # a panic of the library (pyo3's PanicException)
+        raise _panicked(exc) from None
+
+
+def _panicked(exc: BaseException) -> GrammarError:
+    if isinstance(exc, KeyboardInterrupt | SystemExit):
+        raise exc
+    log.error("the grammar library failed on a schema: %s: %s", type(exc).__name__, exc)
+    return GrammarError("the grammar library failed on this schema")
 
 
 class Grammars:
     """Compiled grammars of one engine's tokenizer, compiled off the decode loop."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: frozenset[int]) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        eos_ids: frozenset[int],
+        time_limit: float | None = None,
+    ) -> None:
         self._hf = tokenizer
         self._vocab = vocab_size
         self._eos = sorted(eos_ids)
         self._tok: Any = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._tok_lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(_COMPILERS)
         self._cache: OrderedDict[tuple[str, str, bool], Future[Any]] = OrderedDict()
         # Requests come from the threads that prepare lines (requests/prepare.py).
         self._lock = threading.Lock()
+        if time_limit is None:
+            time_limit = get_settings().grammar_compile_seconds
+        self.time_limit = time_limit
         self.compiled = 0  # grammars compiled (tests: once per distinct format)
 
     def request(self, fmt: ResponseFormat | None) -> Future[Any] | None:
         """The compiled grammar of `fmt` (a future: ready at once when cached), or None
-        for text."""
+        for text. A compile that failed or ran out of time stays failed in the cache: the
+        same schema again is refused at once, not compiled again."""
         key = fmt.grammar_key() if fmt is not None else None
         if key is None or fmt is None:
             return None
@@ -98,33 +130,73 @@ class Grammars:
 
     def _request(self, key: tuple[str, str, bool], fmt: ResponseFormat) -> Future[Any]:
         hit = self._cache.get(key)
-        if hit is not None and not (hit.done() and hit.exception() is not None):
+        if hit is not None:
             self._cache.move_to_end(key)
             return hit
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar")
-        future = self._pool.submit(self._compile, fmt)
+        future: Future[Any] = Future()
+        lock = threading.Lock()
+        threading.Thread(
+            target=self._run, args=(future, lock, fmt), daemon=True, name="grammar"
+        ).start()
+        if self.time_limit > 0:
+            timer = threading.Timer(self.time_limit, self._expire, args=(future, lock))
+            timer.daemon = True
+            timer.start()
         self._cache[key] = future
         while len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
         return future
 
+    def _run(self, future: Future[Any], lock: threading.Lock, fmt: ResponseFormat) -> None:
+        with self._slots:
+            if future.done():
+                return  # its time ran out while it waited for a compiler
+            try:
+                result: Any = self._compile(fmt)
+                error: BaseException | None = None
+            except GrammarError as exc:
+                result, error = None, exc
+            except BaseException as exc:
+                result, error = None, _panicked(exc)
+        with lock:
+            if future.done():
+                return
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
+
+    def _expire(self, future: Future[Any], lock: threading.Lock) -> None:
+        with lock:
+            if not future.done():
+                future.set_exception(
+                    GrammarError(
+                        f"it did not compile within {self.time_limit:g} s "
+                        "(BATCHWRIGHT_GRAMMAR_COMPILE_SECONDS); simplify the schema (fewer "
+                        "optional properties, enums or alternatives)"
+                    )
+                )
+
     def _compile(self, fmt: ResponseFormat) -> Any:
-        from llguidance import LLMatcher
+        from llguidance import LLMatcher, LLParserLimits
 
-        if self._tok is None:
-            from llguidance.hf import from_tokenizer
+        with self._tok_lock:
+            if self._tok is None:
+                from llguidance.hf import from_tokenizer
 
-            self._tok = from_tokenizer(self._hf, n_vocab=self._vocab, eos_token=self._eos)
-        matcher = LLMatcher(self._tok, grammar_source(fmt), log_level=0)
+                self._tok = from_tokenizer(self._hf, n_vocab=self._vocab, eos_token=self._eos)
+        # verbose_errors off: an error says what is wrong, not the parser's state.
+        limits = LLParserLimits(verbose_errors=False)
+        started = time.perf_counter()
+        matcher = LLMatcher(self._tok, grammar_source(fmt), log_level=0, limits=limits)
         if matcher.is_error():
             raise GrammarError(matcher.get_error())
+        log.debug("grammar compiled in %.3f s", time.perf_counter() - started)
         self.compiled += 1
         return matcher
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        """Nothing to stop: compiles end in their threads."""
 
 
 def grammar_error(future: Future[Any]) -> str | None:

@@ -11,15 +11,25 @@ free rows instead of behind the whole window.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable, Generator, Hashable, Iterable, Set
 from concurrent import futures
 from typing import Any
 
-from batchwright.engine.requests.jobs import Job, PromptScores, Unit, bad_request, units_of
+from batchwright.engine.requests.jobs import (
+    Job,
+    PromptScores,
+    Unit,
+    bad_request,
+    server_error,
+    units_of,
+)
 from batchwright.engine.requests.request import EngineRequest
 from batchwright.engine.requests.types import GenResult, Wake
 from batchwright.engine.sampling.grammar import grammar_error
+
+log = logging.getLogger(__name__)
 
 # What the engine's sources yield: requests, results of lines refused before the engine
 # (in their place among the lines), and WAKE.
@@ -28,6 +38,7 @@ Item = EngineRequest | GenResult | Wake
 Start = Callable[[EngineRequest], Job]
 # Echo scores of a prompt: (prompt ids, top k) -> PromptScores (a forward of the model).
 Score = Callable[[list[int], int], PromptScores]
+
 
 # Requests read ahead, in multiples of max_rows: longest-first admission needs a window
 # wider than the batch to keep the end of a file from draining on a few long rows
@@ -233,10 +244,17 @@ class Intake:
             if isinstance(item, GenResult):  # refused when it was prepared
                 yield item
                 continue
-            job = self.start(item)
-            if job.needs_prompt_scores:
-                k = job.req.logprobs or 0
-                job.prompt_scores = {i: self.score(p, k) for i, p in enumerate(job.prompts)}
+            try:
+                job = self.start(item)
+                if job.needs_prompt_scores:
+                    k = job.req.logprobs or 0
+                    job.prompt_scores = {i: self.score(p, k) for i, p in enumerate(job.prompts)}
+            except Exception as exc:
+                # This line's failure, not the run's: the other lines and online requests
+                # go on (a raise here ended the engine's run and failed them all).
+                log.exception("line %s: starting it failed", item.key)
+                yield server_error(item.key, exc)
+                continue
             if job.done:
                 yield job.result()
                 continue

@@ -16,17 +16,24 @@ the caller's to know.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Generator, Set
+from concurrent import futures
 from typing import Any, Protocol
 
 from batchwright.engine.requests.feed import OnlineFeed
-from batchwright.engine.requests.jobs import Job, Unit, bad_request, units_of
+from batchwright.engine.requests.jobs import Job, Unit, bad_request, server_error, units_of
 from batchwright.engine.requests.request import EngineRequest
 from batchwright.engine.requests.types import GenResult
 from batchwright.engine.sampling.grammar import grammar_error
 from batchwright.engine.scheduling import preempt
 from batchwright.engine.scheduling.intake import Intake, Score, Start
 from batchwright.engine.scheduling.rows import Rows
+
+log = logging.getLogger(__name__)
+# With nothing else to do, how long a step waits for a grammar being compiled (cancels and
+# new requests are looked at in between).
+_GRAMMAR_WAIT = 0.05
 
 
 class Streams(Protocol):
@@ -35,6 +42,11 @@ class Streams(Protocol):
     def open(self, job: Job, stream: bool) -> None: ...
 
     def flush(self, job: Job) -> None: ...
+
+    def admitted(self, key: Any) -> None:
+        """The request has rows: its stream may show (what refuses a request, its
+        grammar or the KV budget, does so before its first delta)."""
+        ...
 
     def close(self, keys: Set[Any]) -> None: ...
 
@@ -79,16 +91,18 @@ class Lane:
         rows = blocks = tokens = 0
         s = self.rows
         kv = s.kv
-        while self.waiting:
-            unit = self.waiting[0]
+        at = 0
+        while at < len(self.waiting):
+            unit = self.waiting[at]
             grammar = unit.job.grammar
             if grammar is not None and not grammar.done():
-                break  # its response_format compiles off the loop: admitted at a later step
+                at += 1  # compiles off the loop: the requests behind it go first
+                continue
             if grammar is not None and (why := grammar_error(grammar)) is not None:
                 self.drop({unit.job.key})
                 yield bad_request(unit.job.key, why, "response_format", "invalid_response_format")
                 continue
-            if kv.cost(_first(unit)) > kv.usable:
+            if self._too_big(unit):
                 yield self._reject(unit)
                 continue
             if units and tokens + len(unit.prompt) > self.max_batch_tokens:
@@ -107,20 +121,26 @@ class Lane:
             if take < len(unit.seqs):
                 rest = unit.seqs[take:]
                 unit = _first(unit, take)
-                self.waiting[0].seqs = rest  # the others wait for rows
+                self.waiting[at].seqs = rest  # the others wait for rows
             else:
-                del self.waiting[0]
+                del self.waiting[at]
             rows += take
             blocks += kv.cost(unit)
             tokens += len(unit.prompt)
             units.append(unit)
+            self.streams.admitted(unit.job.key)
+        if not units and self.waiting and not s.live and not self.intake.pending:
+            # Nothing runs and what waits waits for its grammar: a short wait, not a spin.
+            compiling = [u.job.grammar for u in self.waiting if u.job.grammar is not None]
+            if len(compiling) == len(self.waiting):
+                futures.wait(compiling, _GRAMMAR_WAIT, futures.FIRST_COMPLETED)
         return units
 
     def batch_rows(self, online_admitted: bool) -> int:
         """Rows batch lines may take this step: none while an online request waits or
         was just admitted (the step's prompt budget is its), else the free rows less the
-        reserve for online requests."""
-        if online_admitted or self.waiting:
+        reserve for online requests. One whose grammar still compiles holds none back."""
+        if online_admitted or any(_ready(u) for u in self.waiting):
             return 0
         s = self.rows
         free = s.free
@@ -144,22 +164,43 @@ class Lane:
         return True
 
     def _take(self, request: EngineRequest | GenResult) -> Generator[GenResult, None, None]:
+        """The request's job, waiting for rows; its refusals (and a failure of its own,
+        a 500 for it alone) come out as results before its Started."""
         if isinstance(request, GenResult):  # refused when it was prepared
             yield request
             return
-        job = self.start(request)
+        try:
+            job = self.start(request)
+        except Exception as exc:
+            log.exception("online request %s: starting it failed", request.key)
+            yield server_error(request.key, exc)
+            return
         job.online = True
+        too_big = next((u for u in units_of(job) if self._too_big(u)), None)
+        if too_big is not None:
+            yield self._reject(too_big)
+            return
         if self.feed is not None:
             self.feed.started(job.key, sum(len(p) for p in job.prompts))
-        if job.needs_prompt_scores:
-            k = job.req.logprobs or 0
-            job.prompt_scores = {i: self.score(p, k) for i, p in enumerate(job.prompts)}
+        try:
+            if job.needs_prompt_scores:
+                k = job.req.logprobs or 0
+                job.prompt_scores = {i: self.score(p, k) for i, p in enumerate(job.prompts)}
+        except Exception as exc:
+            log.exception("online request %s: scoring its prompt failed", request.key)
+            yield server_error(request.key, exc)
+            return
         self.streams.open(job, request.stream)
         if job.done:  # nothing to generate (max_tokens 0)
             self.streams.flush(job)
             yield job.result()
             return
         self.waiting += units_of(job)
+
+    def _too_big(self, unit: Unit) -> bool:
+        """One candidate of it needs more KV blocks than the whole cache has."""
+        kv = self.rows.kv
+        return kv.cost(_first(unit)) > kv.usable
 
     def _reject(self, unit: Unit) -> GenResult:
         tokens = self.rows.kv.capacity_tokens
@@ -176,6 +217,13 @@ class Lane:
         """Requests cancelled: their waiting units and streams go (rows: the runner)."""
         self.waiting = [u for u in self.waiting if u.job.key not in keys]
         self.streams.close(keys)
+
+
+def _ready(unit: Unit) -> bool:
+    """Not waiting for a grammar: compiled (or failed: it is answered at the next admit),
+    or none."""
+    g = unit.job.grammar
+    return g is None or g.done()
 
 
 def _first(unit: Unit, k: int = 1) -> Unit:

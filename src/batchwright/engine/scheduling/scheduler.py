@@ -92,7 +92,9 @@ class Scheduler:
             kv_cost=kv_cost,
             prompt_cost=prompt_cost,
             running=self._running,
-            idle=not rows.live,
+            # An online request waiting for its grammar keeps the loop from waiting on
+            # the batch source (the lane waits for the grammar).
+            idle=not rows.live and not lane.waiting,
         )
         lane.started(batch)
         units += batch

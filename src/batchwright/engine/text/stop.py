@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
 
 
@@ -68,12 +69,42 @@ class StreamText:
         return out
 
 
+@lru_cache(maxsize=256)
+def _borders(stop: str) -> tuple[int, ...]:
+    """KMP's prefix function of `stop`: for each prefix, its longest proper border."""
+    out = [0] * len(stop)
+    k = 0
+    for i in range(1, len(stop)):
+        while k and stop[i] != stop[k]:
+            k = out[k - 1]
+        if stop[i] == stop[k]:
+            k += 1
+        out[i] = k
+    return tuple(out)
+
+
+def _advance(stop: str, borders: tuple[int, ...], state: int, text: str) -> int:
+    """The longest prefix of `stop` that ends the text, after `text` was appended to a
+    text whose longest such prefix was `state` (a whole stop goes on as its border)."""
+    for ch in text:
+        if state == len(stop):
+            state = borders[state - 1]
+        while state and stop[state] != ch:
+            state = borders[state - 1]
+        if stop[state] == ch:
+            state += 1
+    return state
+
+
 class StopChecker:
     """Finds the earliest stop sequence in a row's generated text as tokens arrive.
 
     The text grows incrementally (IncrementalText), so the text searched is `decode(ids)`
     without its trailing "\ufffd", the returned index is an index into `decode(ids)`, and
-    each step costs the new tokens, not the whole text.
+    each step costs the new tokens, not the whole text. What to hold back of a streamed
+    text (the end that may still become a stop) follows each stop with KMP's automaton
+    over the new characters: linear in the text, where comparing every end of the text
+    with every stop was quadratic in the stop's length each step.
     """
 
     def __init__(self, stops: list[str], decode: Callable[[list[int]], str]) -> None:
@@ -82,6 +113,8 @@ class StopChecker:
         self.longest = max((len(s) for s in stops), default=0)
         self._text = IncrementalText(decode)
         self.searched = 0  # text length already searched for a complete match
+        self._states = [0] * len(stops)  # per stop: its longest prefix ending the text
+        self._fed = 0  # characters of the text the automata have read
 
     @property
     def text(self) -> str:
@@ -102,11 +135,31 @@ class StopChecker:
     def held_back(self, text: str) -> int:
         """Characters at the end of `text` that may still become a stop sequence (the
         longest end of it that begins one)."""
-        for k in range(min(self.longest - 1, len(text)), 0, -1):
-            end = text[-k:]
-            if any(s.startswith(end) for s in self.stops):
-                return k
-        return 0
+        if len(text) < self._fed or text is not self._text.text:
+            return _held(self.stops, [0] * len(self.stops), text)
+        new = text[self._fed :]
+        self._fed = len(text)
+        if new:
+            self._states = [
+                _advance(s, _borders(s), st, new)
+                for s, st in zip(self.stops, self._states, strict=True)
+            ]
+        pairs = zip(self.stops, self._states, strict=True)
+        return max((_within(s, st, self.longest) for s, st in pairs), default=0)
+
+
+def _within(stop: str, state: int, longest: int) -> int:
+    """The longest end of the text that begins `stop`, at most `longest - 1` characters
+    (a whole stop that long is a match, not something to hold back)."""
+    return state if state < longest else _borders(stop)[state - 1]
+
+
+def _held(stops: list[str], states: list[int], text: str) -> int:
+    longest = max((len(s) for s in stops), default=0)
+    out = 0
+    for s, st in zip(stops, states, strict=True):
+        out = max(out, _within(s, _advance(s, _borders(s), st, text), longest))
+    return out
 
 
 def truncate_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
