@@ -20,6 +20,7 @@ from batchwright.db.models import Batch, BatchRequest
 from batchwright.files.storage import iter_lines
 from batchwright.protocol.endpoints import ENDPOINTS, LineRequest, check_body
 from batchwright.registry import Registry
+from batchwright.worker import heartbeat
 
 MAX_REPORTED_ERRORS = 100
 INSERT_BATCH = 1000
@@ -145,6 +146,7 @@ def scan_input(session: Session, batch: Batch, registry: Registry, settings: Set
         return len(out.errors) >= MAX_REPORTED_ERRORS
 
     max_lines = settings.max_batch_lines
+    refusals = heartbeat.refusals(session, settings) if settings.broker_url else {}
     lines = iter_lines(session, batch.input_file_id, settings.max_line_bytes)
     for line_no, raw in enumerate(lines, start=1):
         if raw is None:
@@ -202,6 +204,19 @@ def scan_input(session: Session, batch: Batch, registry: Registry, settings: Set
             continue
         if out.model is None:
             out.model = model
+            why = refusals.get(model)
+            if why is not None:
+                # Every live worker of the model refused it at load: the batch would wait
+                # for a worker that will never take it.
+                fail(
+                    LineError(
+                        "model_unavailable",
+                        line_no,
+                        f"Line {line_no}: model {model[:64]!r} cannot be served here: {why}",
+                        "body.model",
+                    )
+                )
+                break
         elif model != out.model:
             if fail(
                 LineError(
