@@ -75,9 +75,7 @@ ZOO: dict[str, tuple[Callable[[], Any], str]] = {
         "window 16 on alternate layers, attention and final logit soft-capping",
     ),
     "gemma3": (
-        lambda: tr.Gemma3TextConfig(
-            **_common(head_dim=16, sliding_window=16, layer_types=_LAYERS)
-        ),
+        lambda: tr.Gemma3TextConfig(**_common(head_dim=16, sliding_window=16, layer_types=_LAYERS)),
         "window 16 on alternate layers, a RoPE base per layer kind, q/k norms",
     ),
     "phi3": (
@@ -157,9 +155,12 @@ ZOO: dict[str, tuple[Callable[[], Any], str]] = {
         lambda: tr.GraniteConfig(**_common(attention_multiplier=0.2, logits_scaling=2.0)),
         "the model's own attention scaling and logit scaling",
     ),
-    "cohere": (lambda: tr.CohereConfig(**_common()), "parallel block, logit scale"),
+    # logit_scale 1 (default 1/16): wide margins between the best tokens.
+    "cohere": (lambda: tr.CohereConfig(**_common(logit_scale=1.0)), "parallel block"),
     "cohere2": (
-        lambda: tr.Cohere2Config(**_common(sliding_window=16, layer_types=_LAYERS)),
+        lambda: tr.Cohere2Config(
+            **_common(sliding_window=16, layer_types=_LAYERS, logit_scale=1.0)
+        ),
         "window 16 on alternate layers, no positions on full layers",
     ),
     "smollm3": (

@@ -11,7 +11,6 @@ prefills from the first's cached blocks).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -43,6 +42,9 @@ PROMPTS = [
 CASES: dict[str, str] = {name: "fast" for name in ZOO}
 CASES["falcon_multi_query"] = "reference"
 CASES["falcon_new_arch"] = "reference"
+# Cases whose attention differs from plain (windows, soft-capping, sinks, MLA widths): the
+# reference backend, which other tests hold to the native one on plain models, runs too.
+VARIANTS = {"mistral_window16", "gemma2", "gemma3", "cohere2", "gpt_oss", "deepseek_v3"}
 
 
 @pytest.fixture(scope="module")
@@ -83,12 +85,13 @@ def hf_greedy(path: Path) -> tuple[Greedy, float]:
 
 def reference_model(name: str, root: Path) -> tuple[Path, Greedy]:
     """The zoo model built with the first seed whose greedy text has no near-tie (under
-    1e-3 nats between the two best tokens: kernels that round differently, on another
-    CPU, could flip it), and HF's greedy text of it."""
+    2e-4 nats between the two best tokens, 100 times what the engine and HF differ by:
+    kernels that round differently, on another CPU, could flip it), and HF's greedy text
+    of it."""
     for seed in range(8):
         path = build(name, root / f"seed{seed}", seed)
         want, margin = hf_greedy(path)
-        if margin > 1e-3:
+        if margin > 2e-4:
             return path, want
     raise AssertionError(f"{name}: every seed tried has a near-tie")
 
@@ -131,7 +134,24 @@ def test_greedy_and_logprobs_equal_hf_generate(name: str, zoo: Path) -> None:
     assert path_taken == CASES[name], fast.lm.reference_reason
     compare(fast, want)
     if path_taken == "fast":
-        # The reference backend (SDPA over gathered pages: CUDA's fallback) on the same model.
-        fast.attention_backend = "reference"
-        compare(fast, want)
+        if name in VARIANTS:
+            # The reference backend (SDPA over gathered pages: CUDA's fallback).
+            fast.attention_backend = "reference"
+            compare(fast, want)
         compare(Engine(load_model(spec(path), reference=True), spec(path)), want)
+
+
+def test_docs_models_table_is_these_cases() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "models.md").read_text()
+    table = doc.split("<!-- models table: checked by tests/engine/test_models.py -->")[1]
+    table = table.split("<!-- end of models table -->")[0]
+    rows = [
+        [c.strip() for c in ln.strip().strip("|").split("|")]
+        for ln in table.splitlines()
+        if ln.startswith("| `")
+    ]
+    assert {r[0].strip("`"): r[3] for r in rows} == CASES
+    for r in rows:
+        name = r[0].strip("`")
+        assert r[2] == ZOO[name][1]
+        assert ("reference backend" in r[5]) == (name in VARIANTS)
