@@ -150,8 +150,12 @@ def load_model(spec: ModelSpec, *, reference: bool = False) -> LoadedModel:
     if varlen and support.reference is not None:
         _reference_attention(model, support)
         varlen = False
-    if support.reference is not None:
-        log.info("%s runs on the reference path: %s", spec.name, support.reference)
+    if support.reference is not None and not reference:
+        log.warning(
+            "%s runs on the reference path (transformers' attention, slower): %s",
+            spec.name,
+            support.reference,
+        )
     pack(model)  # q/k/v and gate/up projections: one matmul each (packing.py)
     out = model.get_output_embeddings()
     vocab = int(out.weight.shape[0]) if out is not None else int(text_config.vocab_size)

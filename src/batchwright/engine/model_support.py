@@ -196,9 +196,11 @@ def probe(model: Any, *, varlen: bool, cache_kwarg: str, context: int) -> Suppor
         raise ModelRefused(f"{arch}: a test forward failed: {type(exc).__name__}: {exc}") from None
     finally:
         attention.PROBE.reset(token)
+    # Both rows run in the same kernels; half precision rounds coarser.
     scale = float(logits.abs().max()) + 1.0
+    tolerance = (1e-4 if next(model.parameters()).dtype == torch.float32 else 2e-2) * scale
     if seen.bidirectional or not torch.allclose(
-        logits[0, :3], logits[1, :3], rtol=0.0, atol=1e-4 * scale
+        logits[0, :3], logits[1, :3], rtol=0.0, atol=tolerance
     ):
         raise ModelRefused(
             f"{arch}: earlier positions attend to later ones (an encoder or a bidirectional "
