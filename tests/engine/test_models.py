@@ -155,3 +155,18 @@ def test_docs_models_table_is_these_cases() -> None:
         name = r[0].strip("`")
         assert r[2] == ZOO[name][1]
         assert ("reference backend" in r[5]) == (name in VARIANTS)
+
+
+@pytest.mark.parametrize("name", ["mistral_window16", "gemma3", "cohere2", "gpt_oss"])
+def test_the_cuda_paths_varlen_call_applies_windows_and_sinks(
+    name: str, zoo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What the CUDA backend passes varlen_attn (window_size, sinks through the returned
+    # log-sum-exp), computed on CPU with varlen_attn's semantics per sequence.
+    from batchwright.engine import backends
+
+    monkeypatch.setattr(backends, "VARLEN_IMPL", backends.varlen_reference)
+    path, want = reference_model(name, zoo)
+    engine = Engine.load(spec(path))
+    engine.attention_backend = "varlen"
+    compare(engine, want)

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from batchwright.registry import load_registry
 from batchwright.runs.builds import first_use_builds
+from batchwright.runs.progress import RunView
 from batchwright.runs.state import READ_BYTES
 from batchwright.worker import runner
 
@@ -53,15 +54,18 @@ def _model(raw: bytes) -> str | None:
 
 def preload(path: Path, console: Console) -> None:
     """Load each model the file names (the run's worker then finds them loaded); raises
-    engine.types.ModelRefused for one the engine cannot serve."""
+    engine.types.ModelRefused for one the engine cannot serve. First-use builds are said
+    as the run's progress says them."""
     registry = load_registry()
+    view = RunView(console, enabled=False)
     for name in named_models(path):
         spec = registry.get(name)
         assert spec is not None
-        with console.status(f"loading {name}"):
-            from transformers.utils import logging as hf_logging
+        from transformers.utils import logging as hf_logging
 
-            hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-            for build in [] if name in runner._engines else first_use_builds(spec):
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+        for build in [] if name in runner._engines else first_use_builds(spec):
+            with view.building(build.what):
                 build.run()
+        with console.status(f"loading {name}"):
             runner.engine_for(spec)
