@@ -47,6 +47,12 @@ _LAYERS = ["sliding_attention", "full_attention"]
 ZOO: dict[str, tuple[Callable[[], Any], str]] = {
     "llama": (lambda: tr.LlamaConfig(**_common()), "grouped-query attention"),
     "qwen2": (lambda: tr.Qwen2Config(**_common()), "q/k/v biases"),
+    "qwen2_window16": (
+        lambda: tr.Qwen2Config(
+            **_common(use_sliding_window=True, sliding_window=16, max_window_layers=1)
+        ),
+        "use_sliding_window with max_window_layers 1: window 16 on the second layer only",
+    ),
     "qwen3": (lambda: tr.Qwen3Config(**_common(head_dim=16)), "q/k norms"),
     "qwen3_moe": (
         lambda: tr.Qwen3MoeConfig(

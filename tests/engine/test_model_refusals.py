@@ -18,7 +18,7 @@ from batchwright.engine.loader import load_model
 from batchwright.engine.runtime import Engine
 from batchwright.engine.types import ModelRefused
 from batchwright.registry import ModelSpec
-from tests.engine.model_zoo import EOS, VOCAB, _TOKENIZER
+from tests.engine.model_zoo import _TOKENIZER, EOS, VOCAB
 from tests.engine.test_models import compare, hf_greedy
 
 
