@@ -12,7 +12,7 @@ from batchwright.db.session import get_engine
 from batchwright.errors import NotFound
 from batchwright.protocol.batches import ListObject, Model
 from batchwright.registry import load_registry
-from batchwright.worker.heartbeat import model_capacity
+from batchwright.worker.heartbeat import model_capacity, model_refusals
 
 router = APIRouter()
 
@@ -55,7 +55,11 @@ def ready(request: Request, settings: SettingsDep) -> JSONBody:
 @router.get("/v1/models", tags=["models"])
 def list_models(_: ProjectDep, settings: SettingsDep) -> ListObject[Model]:
     live = model_capacity(settings) if settings.broker_url else {}
-    data = [Model(id=name, live_workers=live.get(name)) for name in load_registry(settings).names]
+    refused = model_refusals(settings) if settings.broker_url else {}
+    data = [
+        Model(id=name, live_workers=live.get(name), unavailable=refused.get(name))
+        for name in load_registry(settings).names
+    ]
     return ListObject[Model](data=data, first_id=data[0].id, last_id=data[-1].id)
 
 

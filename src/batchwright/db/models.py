@@ -239,6 +239,9 @@ class WorkerHeartbeat(Base):
     # those it has loaded so far.
     models: Mapped[str] = mapped_column(Text)
     loaded: Mapped[str] = mapped_column(Text, default="")
+    # Models it refused at load and why, as a JSON object (engine/model_support.py): it
+    # does not take work for them, and /v1/models and validation say why.
+    refused: Mapped[str] = mapped_column(Text, default="", server_default="")
     control: Mapped[bool] = mapped_column(default=True)
     rows_in_flight: Mapped[int] = mapped_column(Integer, default=0)
     tokens_per_second: Mapped[float] = mapped_column(Float, default=0.0)

@@ -156,10 +156,12 @@ class Engine:
         heads = int(cfg.num_attention_heads)
         kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-        layers = int(cfg.num_hidden_layers)
+        # Each layer's KV shape as the model projects it (the loader's probe); the config's
+        # fields only where none was taken.
+        shapes = self.lm.kv_shapes or [(kv_heads, head_dim, head_dim)] * int(cfg.num_hidden_layers)
         device = self.lm.device
         bs = block_size_for(device, self.spec.kv_block_size)
-        token_bytes = 2 * layers * kv_heads * head_dim * self.lm.dtype.itemsize
+        token_bytes = sum(h * (dk + dv) for h, dk, dv in shapes) * self.lm.dtype.itemsize
         blocks = pool_blocks(
             kv_tokens=self.spec.kv_tokens,
             max_rows=self.max_rows,
@@ -169,7 +171,7 @@ class Engine:
             device=device,
         )
         return PagedCache(
-            layers=layers,
+            layers=len(shapes),
             kv_heads=kv_heads,
             head_dim=head_dim,
             dtype=self.lm.dtype,
@@ -178,6 +180,7 @@ class Engine:
             num_blocks=blocks,
             max_rows=self.max_rows,
             context_length=self.lm.context_length,
+            shapes=shapes,
         )
 
     # --- model ---------------------------------------------------------------------------

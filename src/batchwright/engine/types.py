@@ -53,3 +53,8 @@ class GenResult:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+class ModelRefused(ValueError):
+    """The model cannot be served by this engine, known at load (engine/model_support.py).
+    The message is one line: the architecture and what is missing."""

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
-from batchwright.engine.types import WAKE, GenRequest, GenResult
+from batchwright.engine.types import WAKE, GenRequest, GenResult, ModelRefused
 from batchwright.worker.claims import is_out_of_memory
 
 if TYPE_CHECKING:
@@ -149,8 +149,11 @@ class EngineHost:
             self.online = self._start_online(self)
         try:
             self.engine = self._load()
-        except Exception:
-            log.exception("could not load %s", self.model)
+        except Exception as exc:
+            if isinstance(exc, ModelRefused):  # one line: the architecture and why
+                log.error("model %s refused at load: %s", self.model, exc)
+            else:
+                log.exception("could not load %s", self.model)
             if self.online is not None:
                 self.online.stop()
                 self.online.leave()

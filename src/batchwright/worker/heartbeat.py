@@ -6,6 +6,7 @@ intervals, so a SIGKILLed worker drops out of /readyz, /v1/models and wake-ups o
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -31,6 +32,7 @@ class WorkerStats:
     lines_completed: int = 0
     tokens: int = 0
     loaded: set[str] = field(default_factory=set)
+    refused: dict[str, str] = field(default_factory=dict)  # model -> why, one line
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, *, in_flight: int = 0, lines: int = 0, tokens: int = 0) -> None:
@@ -80,6 +82,27 @@ def model_capacity(settings: Settings) -> dict[str, int]:
     return {name: counts.get(name, 0) for name in load_registry(settings).names}
 
 
+def refusals(session: Session, settings: Settings | None = None) -> dict[str, str]:
+    """Why live workers refused a model at load, for models no live worker serves."""
+    beats = live(session, settings)
+    served = {m for beat in beats for m in model_names(beat)}
+    out: dict[str, str] = {}
+    for beat in beats:
+        try:
+            refused = json.loads(beat.refused) if beat.refused else {}
+        except ValueError:
+            continue
+        for model, why in refused.items():
+            if model not in served:
+                out.setdefault(str(model), str(why))
+    return out
+
+
+def model_refusals(settings: Settings) -> dict[str, str]:
+    with session_scope() as session:
+        return refusals(session, settings)
+
+
 def live_workers(session: Session, model: str, *, idle_only: bool = False) -> int:
     return sum(
         1
@@ -112,6 +135,7 @@ class Heartbeat:
         with STATS.lock:
             in_flight, lines, tokens = STATS.rows_in_flight, STATS.lines_completed, STATS.tokens
             loaded = ",".join(sorted(STATS.loaded))
+            refused = dict(STATS.refused)
         then, tokens_then = self._last
         rate = (tokens - tokens_then) / max(now_mono - then, 1e-6)
         self._last = (now_mono, tokens)
@@ -121,8 +145,10 @@ class Heartbeat:
                     id=self.id,
                     host=self.host,
                     pid=self.pid,
-                    models=",".join(self.models),
+                    # A model refused at load is not advertised: no work is sent for it.
+                    models=",".join(m for m in self.models if m not in refused),
                     loaded=loaded,
+                    refused=json.dumps(refused) if refused else "",
                     control=self.control,
                     rows_in_flight=in_flight,
                     tokens_per_second=round(rate, 2),
