@@ -1,0 +1,119 @@
+"""How a forward adds its tokens' adapter deltas (the delta of a token with no adapter is
+not computed, or computed as an exact zero).
+
+- `Grouped` (eager steps, the CPU default): the adapter tokens gathered into one padded
+  block per adapter ([groups, longest, in]), then two batched matmuls against the groups'
+  slot weights: shrink (A, all parts of a packed layer at once) and expand (B, per part),
+  and the results added back to their tokens' rows. Work is in proportion to the adapter
+  tokens and their ranks (the step's largest rank, zero-padded: exact), in a fixed number
+  of ops per layer whatever the number of adapters.
+- `Dense` (CUDA, compiled forwards and captured decode steps): every token against every
+  slot's A ([tokens, slots * rank]), the columns of other slots zeroed by a mask built
+  from the long-lived token index, then B. Shapes depend only on the token count and the
+  configuration, and it reads only long-lived tensors, as a graph replay needs; the extra
+  products cost little on a GPU, where a decode step is bound by reading the weights.
+- `Single` (a whole forward under one adapter: echo scoring): the adapter's own tensors,
+  computed as PEFT computes them: `lora_B(lora_A(x)) * scaling`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from batchwright.engine.lora.layers import LoraLinear, LoraState, flat
+
+
+class Grouped:
+    def __init__(
+        self,
+        groups: Sequence[tuple[int, Sequence[int]]],
+        rank: int,
+        device: torch.device,
+    ) -> None:
+        """`groups`: (slot, token positions) per adapter in the step; `rank`: the largest
+        rank among them."""
+        self.slots = [s for s, _ in groups]
+        sizes = [len(p) for _, p in groups]
+        self.longest = longest = max(sizes)
+        self.rank = rank
+        flat_rows = [t for _, p in groups for t in p]
+        self.single = len(groups) == 1
+        padded = [t for _, p in groups for t in (*p, *([p[0]] * (longest - len(p))))]
+        valid = [g * longest + j for g, n in enumerate(sizes) for j in range(n)]
+        pin = device.type == "cuda"
+
+        def upload(values: list[int]) -> torch.Tensor:
+            t = torch.tensor(values, dtype=torch.long, pin_memory=pin)
+            return t.to(device, non_blocking=True)
+
+        self.gslots = upload(self.slots)
+        self.pad_index = upload(padded).view(len(groups), longest)
+        self.rows = upload(flat_rows)
+        self.valid = None if all(n == longest for n in sizes) else upload(valid)
+
+    def apply(self, layer: LoraLinear, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        parts = set().union(*(layer.targeted[s] for s in self.slots))
+        if not parts:
+            return y
+        assert layer.a is not None
+        x2, y2 = flat(x, y)
+        n, cap, r = len(layer.slices), layer.rank, self.rank
+        stack = layer.a.view(layer.a.shape[0], n, cap, layer.in_features)
+        a = stack[self.gslots, :, :r].reshape(len(self.slots), n * r, layer.in_features)
+        xg = x2[self.pad_index]  # [groups, longest, in]
+        h = torch.bmm(xg, a.transpose(1, 2))  # [groups, longest, parts * r]
+        for i in sorted(parts):
+            s = layer.slices[i]
+            b = layer.b[i][self.gslots, :r]  # [groups, r, out_i]
+            d = torch.bmm(h[:, :, i * r : (i + 1) * r], b).reshape(-1, s.end - s.start)
+            if self.valid is not None:
+                d = d.index_select(0, self.valid)
+            y2[:, s.start : s.end].index_add_(0, self.rows, d)
+        return y
+
+
+class Dense:
+    def __init__(self, state: LoraState) -> None:
+        self.state = state
+
+    def apply(self, layer: LoraLinear, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        st = self.state
+        assert layer.a is not None and st.index is not None and st.slot_ids is not None
+        x2, y2 = flat(x, y)
+        tokens = x2.shape[0]
+        mask = (st.index[:tokens, None] == st.slot_ids[None, :]).to(x2.dtype)  # [T, slots]
+        slots, n, cap = layer.a.shape[0], len(layer.slices), layer.rank
+        h = x2 @ layer.a.view(slots * n * cap, layer.in_features).t()
+        h = h.view(tokens, slots, n, cap) * mask[:, :, None, None]
+        for i, s in enumerate(layer.slices):
+            hi = h[:, :, i, :].reshape(tokens, slots * cap)
+            y2[:, s.start : s.end] += hi @ layer.b[i].view(slots * cap, s.end - s.start)
+        return y
+
+
+class Single:
+    """One adapter's own tensors for every token: name -> (A [r, in], B [out, r], scaling)."""
+
+    def __init__(self, tensors: dict[str, tuple[torch.Tensor, torch.Tensor, float]]) -> None:
+        self.tensors = tensors
+
+    def apply(self, layer: LoraLinear, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x2, y2 = flat(x, y)
+        for s in layer.slices:
+            t = self.tensors.get(s.name)
+            if t is not None:
+                a, b, scaling = t
+                y2[:, s.start : s.end] += F.linear(F.linear(x2, a), b) * scaling
+        return y
+
+
+def dense_state(state: LoraState, max_loras: int, tokens: int, device: torch.device) -> None:
+    """The dense kernel's long-lived tensors, allocated once for the longest forward
+    (`tokens`): a captured graph keeps reading the index it was recorded with."""
+    if state.slot_ids is None:
+        state.slot_ids = torch.arange(1, max_loras + 1, device=device)
+    if state.index is None:
+        state.index = torch.zeros(tokens, dtype=torch.long, device=device)
