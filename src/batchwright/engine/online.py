@@ -21,8 +21,9 @@ from typing import Any, Protocol
 
 from batchwright.engine import preempt
 from batchwright.engine.grammar import grammar_error
-from batchwright.engine.intake import Intake, Unit, units_of
+from batchwright.engine.intake import Intake, Unit, adapter_error, adapter_refusal, units_of
 from batchwright.engine.jobs import bad_request
+from batchwright.engine.lora.run import LoraRun
 from batchwright.engine.paged import PagedCache
 from batchwright.engine.parts import Parts
 from batchwright.engine.sampler import Sampler
@@ -60,6 +61,7 @@ class Loop(Protocol):
     cache: PagedCache
     slots: Slots
     sampler: Sampler
+    lora: LoraRun | None
 
     def kv_cost(self, unit: Unit) -> int: ...
 
@@ -100,6 +102,18 @@ class Lane:
                 self.drop({unit.job.key})
                 yield bad_request(unit.job.key, why, "response_format", "invalid_response_format")
                 continue
+            # Its adapter's weights are read off the loop, and it needs a slot for them
+            # (engine/lora/run.py): it waits, and the batch lines behind it with it.
+            weights = unit.job.lora
+            if weights is not None and not weights.done():
+                break
+            if (why := adapter_error(weights)) is not None:
+                self.drop({unit.job.key})
+                yield bad_request(unit.job.key, why, "model", "model_not_found")
+                continue
+            lora = s.lora
+            if lora is not None and not lora.gate(unit):
+                break
             if s.kv_cost(_first(unit)) > alloc.num_blocks - 1:
                 yield self._reject(unit)
                 continue
@@ -164,9 +178,14 @@ class Lane:
         job.online = True
         if self.feed is not None:
             self.feed.started(job.key, sum(len(p) for p in job.prompts))
+        if (refused := adapter_refusal(job)) is not None:
+            yield refused
+            return
         if job.needs_prompt_scores:
             k = job.req.logprobs or 0
-            job.prompt_scores = {i: e.score_prompt(p, k) for i, p in enumerate(job.prompts)}
+            job.prompt_scores = {
+                i: e.score_prompt(p, k, job.adapter) for i, p in enumerate(job.prompts)
+            }
         stream = JobStream(e, job) if greq.stream and JobStream.streams(job) else None
         if job.done:  # nothing to generate (max_tokens 0)
             if stream is not None and self.feed is not None:
