@@ -146,3 +146,5 @@ class Model(OpenAIBaseModel):
     owned_by: str = "batchwright"
     # Extension: workers with a live heartbeat serving this model (0: batches wait).
     live_workers: int | None = None
+    # A LoRA adapter's base model (as vLLM lists adapters); None for a whole model.
+    parent: str | None = None
