@@ -21,6 +21,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import ORJSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from batchwright.catalog import cached_registry
 from batchwright.errors import APIError, InvalidRequest, NotFound, RateLimited, Unavailable
 from batchwright.online.admission import Caller, admit
 from batchwright.online.body import ClientGone, read_json
@@ -30,7 +31,6 @@ from batchwright.online.chunks import ChunkWriter
 from batchwright.online.ratelimit import Decision, estimate_tokens
 from batchwright.online.runtime import Runtime, runtime
 from batchwright.protocol.endpoints import CHAT, COMPLETIONS, check_body
-from batchwright.registry import load_registry
 from batchwright.relay.api_side import Follower
 from batchwright.relay.messages import WORKER_LOST, Delta, Done, Event, Failed, OnlineRequest
 
@@ -86,18 +86,20 @@ async def _serve(
         err = error or {}
         raise InvalidRequest(str(err.get("message")), param=err.get("param"), code=err.get("code"))
     call.stream = bool(req.stream)
-    registry = await run_in_threadpool(load_registry, rt.settings)
-    if registry.get(req.model) is None:
+    registry = await run_in_threadpool(cached_registry, rt.settings)
+    if registry.serving(req.model) is None:
         raise NotFound(
             f"The model '{req.model[:200]}' does not exist here; available: "
-            f"{', '.join(registry.names)}.",
+            f"{', '.join(registry.all_names)}.",
             param="model",
             code="model_not_found",
         )
-    if not await rt.relay.live_workers(req.model):
+    # A LoRA adapter's requests go to its base model's workers (the body keeps its name).
+    base = registry.base_of(req.model)
+    if not await rt.relay.live_workers(base):
         raise Unavailable(
-            f"No worker is serving model '{req.model}' right now (none has a live heartbeat); "
-            f"start one (`batchwright worker --models {req.model}`) or retry later.",
+            f"No worker is serving model '{base}' right now (none has a live heartbeat); "
+            f"start one (`batchwright worker --models {base}`) or retry later.",
             code="model_not_served",
         )
     estimate = estimate_tokens(req)
@@ -109,7 +111,7 @@ async def _serve(
     now = time.time()
     online = OnlineRequest(
         id=call.id,
-        model=req.model,
+        model=base,
         project_id=caller.project_id,
         key_id=caller.key_id,
         body=body,

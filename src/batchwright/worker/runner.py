@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from batchwright.config import Settings, get_settings
 from batchwright.registry import ModelSpec, Registry, load_registry
-from batchwright.worker import lease_process, metrics, pipeline, routing
+from batchwright.worker import adapters, lease_process, metrics, pipeline, routing
 from batchwright.worker.claims import Lease, is_out_of_memory
 from batchwright.worker.dispatch import FINALIZE, PROCESS, get_dispatcher
 
@@ -40,6 +40,7 @@ def _load(spec: ModelSpec) -> Engine:
         # A worker holds only the models it was started with (--models), each loaded once.
         _engines[spec.name] = Engine.load(spec)
         set_cpu_threads(_engines[spec.name], get_settings())
+        adapters.attach(_engines[spec.name], spec.name, get_settings())
         metrics.instrument(_engines[spec.name], spec.name)
         metrics.loaded(spec.name)
     return _engines[spec.name]
