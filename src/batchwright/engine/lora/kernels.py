@@ -39,39 +39,56 @@ class Grouped:
         sizes = [len(p) for _, p in groups]
         self.longest = longest = max(sizes)
         self.rank = rank
-        flat_rows = [t for _, p in groups for t in p]
-        self.single = len(groups) == 1
+        # Slots 0..G-1 in order: the stacks are read as they are (no gather).
+        self.leading = self.slots == list(range(len(self.slots)))
+        # Padding rows repeat their group's first token; their products are zeroed
+        # (`mask`), so adding them back to that token adds exact zeros.
         padded = [t for _, p in groups for t in (*p, *([p[0]] * (longest - len(p))))]
-        valid = [g * longest + j for g, n in enumerate(sizes) for j in range(n)]
         pin = device.type == "cuda"
 
-        def upload(values: list[int]) -> torch.Tensor:
-            t = torch.tensor(values, dtype=torch.long, pin_memory=pin)
+        def upload(values: list[int], dtype: torch.dtype = torch.long) -> torch.Tensor:
+            t = torch.tensor(values, dtype=dtype, pin_memory=pin)
             return t.to(device, non_blocking=True)
 
         self.gslots = upload(self.slots)
         self.pad_index = upload(padded).view(len(groups), longest)
-        self.rows = upload(flat_rows)
-        self.valid = None if all(n == longest for n in sizes) else upload(valid)
+        self.rows = upload(padded)
+        self.mask: torch.Tensor | None = None
+        if any(n != longest for n in sizes):
+            keep = [float(j < n) for n in sizes for j in range(longest)]
+            self.mask = upload(keep, torch.float32).view(len(groups), longest, 1)
+
+    def _stacks(self, layer: LoraLinear) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """A [groups, parts * r, in] and each part's B [groups, r, out_i] of the step."""
+        assert layer.a is not None
+        n, cap, r, g = len(layer.slices), layer.rank, self.rank, len(self.slots)
+        if self.leading and r == cap:
+            return layer.a[:g], [b[:g] for b in layer.b]
+        stack = layer.a.view(layer.a.shape[0], n, cap, layer.in_features)
+        if self.leading:
+            a = stack[:g, :, :r].reshape(g, n * r, layer.in_features)
+            return a, [b[:g, :r] for b in layer.b]
+        a = stack[self.gslots, :, :r].reshape(g, n * r, layer.in_features)
+        return a, [b[self.gslots, :r] for b in layer.b]
 
     def apply(self, layer: LoraLinear, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        parts = set().union(*(layer.targeted[s] for s in self.slots))
+        parts = sorted(set().union(*(layer.targeted[s] for s in self.slots)))
         if not parts:
             return y
-        assert layer.a is not None
         x2, y2 = flat(x, y)
-        n, cap, r = len(layer.slices), layer.rank, self.rank
-        stack = layer.a.view(layer.a.shape[0], n, cap, layer.in_features)
-        a = stack[self.gslots, :, :r].reshape(len(self.slots), n * r, layer.in_features)
-        xg = x2[self.pad_index]  # [groups, longest, in]
-        h = torch.bmm(xg, a.transpose(1, 2))  # [groups, longest, parts * r]
-        for i in sorted(parts):
+        a, bs = self._stacks(layer)
+        r = a.shape[1] // len(layer.slices)
+        h = torch.bmm(x2[self.pad_index], a.transpose(1, 2))  # [groups, longest, parts * r]
+        if self.mask is not None:
+            h = h.mul_(self.mask.to(h.dtype))
+        deltas = [torch.bmm(h[:, :, i * r : (i + 1) * r], bs[i]) for i in parts]
+        if len(parts) == len(layer.slices):  # every part: one add over the whole output
+            d = deltas[0] if len(deltas) == 1 else torch.cat(deltas, dim=-1)
+            y2.index_add_(0, self.rows, d.view(-1, y2.shape[-1]))
+            return y
+        for i, d in zip(parts, deltas, strict=True):
             s = layer.slices[i]
-            b = layer.b[i][self.gslots, :r]  # [groups, r, out_i]
-            d = torch.bmm(h[:, :, i * r : (i + 1) * r], b).reshape(-1, s.end - s.start)
-            if self.valid is not None:
-                d = d.index_select(0, self.valid)
-            y2[:, s.start : s.end].index_add_(0, self.rows, d)
+            y2[:, s.start : s.end].index_add_(0, self.rows, d.view(-1, s.end - s.start))
         return y
 
 

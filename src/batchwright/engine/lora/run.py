@@ -156,7 +156,9 @@ class LoraRun:
             yield False
             return
         try:
-            if self.lora.dense:
+            tokens = sum(count for _, count in segments)
+            # Longer than the dense index (a padded prefill): grouped, eagerly, as it runs.
+            if self.lora.dense and state.index is not None and tokens <= state.index.shape[0]:
                 self._dense(segments)
             else:
                 self._grouped(segments)
