@@ -268,3 +268,56 @@ def test_unknown_and_malformed_adapters_are_refused_per_line(
 def test_specs_cover_ranks_and_targets() -> None:
     ranks = {s["r"] for s in SPECS.values()}
     assert len(ranks) == 3
+
+
+def test_online_adapter_rows_preempt_and_stream(
+    make_engine: Callable[..., Engine], adapters: dict[str, Path]
+) -> None:
+    """Batch lines of two adapters fill the rows; streamed online requests of adapters
+    arrive and preempt them: every batch line gives the text it gives without the online
+    traffic (greedy and seeded), and each stream's deltas add up to its result."""
+    from tests.engine.test_online import Feed
+
+    names = list(adapters)
+    kinds: list[dict[str, Any]] = [
+        {"max_tokens": 24, "temperature": 0},
+        {"max_tokens": 20, "temperature": 1.0, "seed": 7, "n": 2},
+        {"max_tokens": 18, "temperature": 0, "logprobs": 2, "stop": ["zz"]},
+    ]
+
+    def batch() -> list[GenRequest]:
+        return [
+            GenRequest(
+                ("b", i),
+                {"model": names[i % 2], "prompt": f"Line {i}: once upon", **kinds[i % 3]},
+                group="batch",
+                adapter=names[i % 2],
+            )
+            for i in range(8)
+        ]
+
+    alone = {r.key: r for r in lora_engine(make_engine, adapters, max_rows=4).run(batch())}
+    online = [
+        GenRequest(
+            ("o", i),
+            {"model": names[2 - i], "prompt": f"Online {i}", "max_tokens": 8, "temperature": 0},
+            stream=True,
+            adapter=names[2 - i],
+        )
+        for i in range(2)
+    ]
+    feed = Feed({3: online[:1], 5: online[1:]})
+    engine = lora_engine(make_engine, adapters, max_rows=4)
+    mixed = {r.key: r for r in engine.run(batch(), online=feed)}
+    assert feed.lines > 0  # batch lines gave their rows up
+    for key, r in alone.items():
+        assert r.completion is not None and mixed[key].completion is not None
+        assert [c["text"] for c in r.completion["choices"]] == [
+            c["text"] for c in mixed[key].completion["choices"]
+        ]
+    for req in online:
+        r = mixed[req.key]
+        assert r.status_code == 200 and r.completion is not None
+        assert r.completion["model"] == req.adapter
+        streamed = "".join(d.get("text", "") for _, ds in feed.deltas[req.key] for d in ds)
+        assert streamed == r.completion["choices"][0]["text"]
