@@ -55,16 +55,19 @@ PROMPTS = [
 ]
 
 
-@pytest.mark.parametrize("kernel", ["grouped", "dense"])
+@pytest.mark.parametrize("kernel", ["grouped", "grouped-each", "dense"])
 def test_one_forward_of_mixed_adapters_gives_peft_logits(
     make_engine: Callable[..., Engine],
     adapters: dict[str, Path],
     oracle: PeftOracle,
     kernel: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Rows of three adapters (different ranks and target modules, packed q/k/v and
     gate/up among them) and the base in one forward: each row's logits are PEFT's for its
-    adapter within 1e-4."""
+    adapter within 1e-4, with groups padded into batched matmuls, run one by one, or
+    every slot masked (dense)."""
+    monkeypatch.setattr(Grouped, "PAD_WASTE", 0.0 if kernel == "grouped-each" else 1e9)
     engine = lora_engine(make_engine, adapters, max_loras=4)
     lora = engine.lora
     assert lora is not None
@@ -77,7 +80,7 @@ def test_one_forward_of_mixed_adapters_gives_peft_logits(
         assert got is not None
         slot[name] = got
     length = len(rows[0])
-    if kernel == "grouped":
+    if kernel.startswith("grouped"):
         groups: dict[int, list[int]] = {}
         for i, name in enumerate(names):
             if name is not None:

@@ -27,6 +27,10 @@ from batchwright.engine.lora.layers import LoraLinear, LoraState, flat
 
 
 class Grouped:
+    # Padding the groups to the longest may waste this share of the block's rows before
+    # the groups run one by one instead.
+    PAD_WASTE = 1.25
+
     def __init__(
         self,
         groups: Sequence[tuple[int, Sequence[int]]],
@@ -46,7 +50,7 @@ class Grouped:
         padded = [t for _, p in groups for t in (*p, *([p[0]] * (longest - len(p))))]
         pin = device.type == "cuda"
 
-        def upload(values: list[int], dtype: torch.dtype = torch.long) -> torch.Tensor:
+        def upload(values: Sequence[float], dtype: torch.dtype = torch.long) -> torch.Tensor:
             t = torch.tensor(values, dtype=dtype, pin_memory=pin)
             return t.to(device, non_blocking=True)
 
@@ -57,6 +61,11 @@ class Grouped:
         if any(n != longest for n in sizes):
             keep = [float(j < n) for n in sizes for j in range(longest)]
             self.mask = upload(keep, torch.float32).view(len(groups), longest, 1)
+        # Groups of very different sizes (a step admitting long prompts) would pad most of
+        # the block: then each group runs on its own rows (a loop of plain matmuls).
+        self.each: list[tuple[int, torch.Tensor]] | None = None
+        if len(groups) > 1 and len(groups) * longest > self.PAD_WASTE * sum(sizes):
+            self.each = [(s, upload(list(p))) for s, p in groups]
 
     def _stacks(self, layer: LoraLinear) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """A [groups, parts * r, in] and each part's B [groups, r, out_i] of the step."""
@@ -76,6 +85,8 @@ class Grouped:
         if not parts:
             return y
         x2, y2 = flat(x, y)
+        if self.each is not None:
+            return self._each(layer, x2, y2, y)
         a, bs = self._stacks(layer)
         r = a.shape[1] // len(layer.slices)
         h = torch.bmm(x2[self.pad_index], a.transpose(1, 2))  # [groups, longest, parts * r]
@@ -89,6 +100,27 @@ class Grouped:
         for i, d in zip(parts, deltas, strict=True):
             s = layer.slices[i]
             y2[:, s.start : s.end].index_add_(0, self.rows, d.view(-1, s.end - s.start))
+        return y
+
+    def _each(
+        self, layer: LoraLinear, x2: torch.Tensor, y2: torch.Tensor, y: torch.Tensor
+    ) -> torch.Tensor:
+        assert layer.a is not None and self.each is not None
+        n, cap, r = len(layer.slices), layer.rank, self.rank
+        for slot, rows in self.each:
+            parts = sorted(layer.targeted[slot])
+            if not parts:
+                continue
+            a = layer.a[slot].view(n, cap, layer.in_features)[:, :r].reshape(n * r, -1)
+            h = x2.index_select(0, rows) @ a.t()  # [rows, parts * r]
+            deltas = [h[:, i * r : (i + 1) * r] @ layer.b[i][slot, :r] for i in parts]
+            if len(parts) == n:
+                d = deltas[0] if n == 1 else torch.cat(deltas, dim=-1)
+                y2.index_add_(0, rows, d)
+                continue
+            for i, d in zip(parts, deltas, strict=True):
+                s = layer.slices[i]
+                y2[:, s.start : s.end].index_add_(0, rows, d)
         return y
 
 
