@@ -54,8 +54,8 @@ class Grouped:
             t = torch.tensor(values, dtype=dtype, pin_memory=pin)
             return t.to(device, non_blocking=True)
 
+        self.device = device
         self.gslots = upload(self.slots)
-        self.pad_index = upload(padded).view(len(groups), longest)
         self.rows = upload(padded)
         self.mask: torch.Tensor | None = None
         if any(n != longest for n in sizes):
@@ -66,61 +66,59 @@ class Grouped:
         self.each: list[tuple[int, torch.Tensor]] | None = None
         if len(groups) > 1 and len(groups) * longest > self.PAD_WASTE * sum(sizes):
             self.each = [(s, upload(list(p))) for s, p in groups]
+        self._cols: dict[tuple[int, int], torch.Tensor] = {}
 
-    def _stacks(self, layer: LoraLinear) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """A [groups, parts * r, in] and each part's B [groups, r, out_i] of the step."""
-        assert layer.a is not None
-        n, cap, r, g = len(layer.slices), layer.rank, self.rank, len(self.slots)
-        if self.leading and r == cap:
-            return layer.a[:g], [b[:g] for b in layer.b]
-        stack = layer.a.view(layer.a.shape[0], n, cap, layer.in_features)
+    def _rank_cols(self, parts: int, cap: int) -> torch.Tensor | None:
+        """Columns of the stacks within the step's rank (None: all of them)."""
+        if self.rank >= cap:
+            return None
+        key = (parts, cap)
+        if key not in self._cols:
+            cols = [i * cap + j for i in range(parts) for j in range(self.rank)]
+            self._cols[key] = torch.tensor(cols, device=self.device)
+        return self._cols[key]
+
+    def _stacks(self, layer: LoraLinear) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's slots' A^T [groups, in, parts * r] and block B [groups, parts * r,
+        out]."""
+        assert layer.at is not None and layer.bd is not None
+        g = len(self.slots)
         if self.leading:
-            a = stack[:g, :, :r].reshape(g, n * r, layer.in_features)
-            return a, [b[:g, :r] for b in layer.b]
-        a = stack[self.gslots, :, :r].reshape(g, n * r, layer.in_features)
-        return a, [b[self.gslots, :r] for b in layer.b]
+            at, bd = layer.at[:g], layer.bd[:g]
+        else:
+            at, bd = layer.at[self.gslots], layer.bd[self.gslots]
+        cols = self._rank_cols(len(layer.slices), layer.rank)
+        if cols is not None:
+            at, bd = at.index_select(2, cols), bd.index_select(1, cols)
+        return at, bd
 
     def apply(self, layer: LoraLinear, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        parts = sorted(set().union(*(layer.targeted[s] for s in self.slots)))
-        if not parts:
+        if not any(layer.targeted[s] for s in self.slots):
             return y
         x2, y2 = flat(x, y)
         if self.each is not None:
             return self._each(layer, x2, y2, y)
-        a, bs = self._stacks(layer)
-        r = a.shape[1] // len(layer.slices)
-        h = torch.bmm(x2[self.pad_index], a.transpose(1, 2))  # [groups, longest, parts * r]
+        at, bd = self._stacks(layer)
+        xg = x2.index_select(0, self.rows).view(len(self.slots), self.longest, -1)
+        h = torch.bmm(xg, at)  # [groups, longest, parts * r]
         if self.mask is not None:
             h = h.mul_(self.mask.to(h.dtype))
-        deltas = [torch.bmm(h[:, :, i * r : (i + 1) * r], bs[i]) for i in parts]
-        if len(parts) == len(layer.slices):  # every part: one add over the whole output
-            d = deltas[0] if len(deltas) == 1 else torch.cat(deltas, dim=-1)
-            y2.index_add_(0, self.rows, d.view(-1, y2.shape[-1]))
-            return y
-        for i, d in zip(parts, deltas, strict=True):
-            s = layer.slices[i]
-            y2[:, s.start : s.end].index_add_(0, self.rows, d.view(-1, s.end - s.start))
+        d = torch.bmm(h, bd)  # [groups, longest, out]: every part's delta at once
+        y2.index_add_(0, self.rows, d.view(-1, y2.shape[-1]))
         return y
 
     def _each(
         self, layer: LoraLinear, x2: torch.Tensor, y2: torch.Tensor, y: torch.Tensor
     ) -> torch.Tensor:
-        assert layer.a is not None and self.each is not None
-        n, cap, r = len(layer.slices), layer.rank, self.rank
+        assert layer.at is not None and layer.bd is not None and self.each is not None
+        cols = self._rank_cols(len(layer.slices), layer.rank)
         for slot, rows in self.each:
-            parts = sorted(layer.targeted[slot])
-            if not parts:
+            if not layer.targeted[slot]:
                 continue
-            a = layer.a[slot].view(n, cap, layer.in_features)[:, :r].reshape(n * r, -1)
-            h = x2.index_select(0, rows) @ a.t()  # [rows, parts * r]
-            deltas = [h[:, i * r : (i + 1) * r] @ layer.b[i][slot, :r] for i in parts]
-            if len(parts) == n:
-                d = deltas[0] if n == 1 else torch.cat(deltas, dim=-1)
-                y2.index_add_(0, rows, d)
-                continue
-            for i, d in zip(parts, deltas, strict=True):
-                s = layer.slices[i]
-                y2[:, s.start : s.end].index_add_(0, rows, d)
+            at, bd = layer.at[slot], layer.bd[slot]
+            if cols is not None:
+                at, bd = at.index_select(1, cols), bd.index_select(0, cols)
+            y2.index_add_(0, rows, (x2.index_select(0, rows) @ at) @ bd)
         return y
 
 

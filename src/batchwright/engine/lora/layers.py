@@ -62,8 +62,13 @@ class LoraLinear(nn.Module):
         self.in_features = int(base.in_features)  # type: ignore[arg-type]
         self.out_features = int(base.out_features)  # type: ignore[arg-type]
         self.__dict__["state"] = state  # shared, not a submodule
+        # Dense layout: A [slots, parts * rank, in], per part B [slots, rank, out_i].
         self.a: torch.Tensor | None = None
         self.b: list[torch.Tensor] = []
+        # Grouped layout: A transposed [slots, in, parts * rank], B block-diagonal
+        # [slots, parts * rank, out] (a part's rows feed only its own columns).
+        self.at: torch.Tensor | None = None
+        self.bd: torch.Tensor | None = None
         self.rank = 0  # the stacks' rank (max_lora_rank) once allocated
         # Per slot: the parts its adapter targets (empty: the slot adds nothing here).
         self.targeted: list[frozenset[int]] = []

@@ -64,6 +64,7 @@ class Lora:
         self.dense = dense
         self.max_tokens = max_tokens
         self.slots = LoraSlots(self.wrapped.layers, max_loras, max_rank, device, dtype)
+        self.slots.dense = dense
         self.store = AdapterStore(name, self.wrapped.shapes(), max_rank)
 
     def weights(self, job: Job) -> AdapterWeights | None:

@@ -3,8 +3,11 @@
 A slot holds one adapter's weights in every wrapped layer's stacks (layers.py): its A
 rows and its B (times the scaling, transposed) for the parts it targets, zeros elsewhere
 and past its rank, so that a kernel may read any slot at the stacks' full rank and add
-exact zeros. The stacks are allocated when the first adapter is loaded: a model whose
-lines never name an adapter keeps no memory for them. An adapter in use by a running
+exact zeros. Two layouts, by kernel (kernels.py): the dense kernel's (`a`, and `b` per
+part) and the grouped kernel's (`at`: A transposed, parts side by side; `bd`: the parts'
+B block-diagonal over the whole output, so one batched matmul expands every part). The
+stacks are allocated when the first adapter is loaded: a model whose lines never name an
+adapter keeps no memory for them. An adapter in use by a running
 row (or admitted in the current round) is pinned: it is never evicted, and a row whose
 adapter finds every slot pinned waits for one (run.py).
 """
@@ -40,16 +43,21 @@ class LoraSlots:
         self._free = list(range(max_loras - 1, -1, -1))
         self.loads = 0  # adapters copied into a slot (tests and benches read it)
         self.allocated = False
+        self.dense = False  # the layout: dense kernel's, else grouped (set before loading)
 
     def _allocate(self) -> None:
         r, s = self.max_rank, self.max_loras
+        dev, dt = self.device, self.dtype
         for layer in self.layers:
-            n = len(layer.slices)
-            dev, dt = self.device, self.dtype
-            layer.a = torch.zeros(s, n * r, layer.in_features, device=dev, dtype=dt)
-            layer.b = [
-                torch.zeros(s, r, x.end - x.start, device=dev, dtype=dt) for x in layer.slices
-            ]
+            n, i, o = len(layer.slices), layer.in_features, layer.out_features
+            if self.dense:
+                layer.a = torch.zeros(s, n * r, i, device=dev, dtype=dt)
+                layer.b = [
+                    torch.zeros(s, r, x.end - x.start, device=dev, dtype=dt) for x in layer.slices
+                ]
+            else:
+                layer.at = torch.zeros(s, i, n * r, device=dev, dtype=dt)
+                layer.bd = torch.zeros(s, n * r, o, device=dev, dtype=dt)
             layer.rank = r
             layer.targeted = [frozenset()] * s
         self.allocated = True
@@ -84,18 +92,30 @@ class LoraSlots:
         self.loads += 1
         r = self.max_rank
         for layer in self.layers:
-            assert layer.a is not None
-            layer.a[slot].zero_()
+            if self.dense:
+                assert layer.a is not None
+                layer.a[slot].zero_()
+                for b_i in layer.b:
+                    b_i[slot].zero_()
+            else:
+                assert layer.at is not None and layer.bd is not None
+                layer.at[slot].zero_()
+                layer.bd[slot].zero_()
             parts = []
             for i, s in enumerate(layer.slices):
-                layer.b[i][slot].zero_()
                 t = weights.tensors.get(s.name)
                 if t is None:
                     continue
                 a, b, scaling = t
-                rank = a.shape[0]
-                layer.a[slot, i * r : i * r + rank].copy_(a)
-                layer.b[i][slot, :rank].copy_((b * scaling).t())
+                rank, lo = a.shape[0], i * r
+                if self.dense:
+                    assert layer.a is not None
+                    layer.a[slot, lo : lo + rank].copy_(a)
+                    layer.b[i][slot, :rank].copy_((b * scaling).t())
+                else:
+                    assert layer.at is not None and layer.bd is not None
+                    layer.at[slot, :, lo : lo + rank].copy_(a.t())
+                    layer.bd[slot, lo : lo + rank, s.start : s.end].copy_((b * scaling).t())
                 parts.append(i)
             targeted = list(layer.targeted)
             targeted[slot] = frozenset(parts)
