@@ -116,10 +116,10 @@ def memory(base: Path, adapters: dict[str, Path]) -> None:
     lora_rss = rss() - before
     base_bytes = tensor_bytes(engine.lm.model)
     slots = sum(
-        layer.a.numel() * layer.a.element_size()
-        + sum(b.numel() * b.element_size() for b in layer.b)
+        t.numel() * t.element_size()
         for layer in engine.lora.wrapped.layers
-        if layer.a is not None
+        for t in (layer.a, *layer.b, layer.at, layer.bd)
+        if t is not None
     )
     host = sum(
         sum(a.numel() * 4 + b.numel() * 4 for a, b, _ in w.tensors.values())
@@ -148,7 +148,13 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--memory-only", action="store_true")
     args = parser.parse_args()
+    if args.memory_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            base = build_cpu_model(Path(tmp) / "base")
+            memory(base, build_adapters(base, Path(tmp), ADAPTERS))
+        return
     torch.set_num_threads(1)
     lines_n = 32 if args.quick else args.lines
     scale = 0.25 if args.quick else 1.0
