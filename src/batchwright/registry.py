@@ -3,6 +3,9 @@
 Torch-free so the API can validate model names. Sources, first match wins:
 BATCHWRIGHT_MODELS (inline JSON), BATCHWRIGHT_MODELS_FILE (TOML or JSON), else just `demo`.
 Shape: {"models": {"name": {"path": "...", "device": "auto", "dtype": "auto", ...}}}
+An entry with `base` is a LoRA adapter of that model: {"base": "llama", "adapter": "/dir"}
+(a PEFT folder, adapter_files.py); its name is a model name everywhere, and its lines run
+in the base's forward. Adapters added at run time live in the database (catalog/).
 """
 
 from __future__ import annotations
@@ -96,6 +99,21 @@ class ModelSpec(BaseModel):
     # from `path`); default: the tokenizer's own (tokenizer_config.json or
     # chat_template.jinja). A model with neither answers chat lines with a 400.
     chat_template: Path | None = None
+    # LoRA adapters of this model (engine/lora/): adapters held on the device at once
+    # (least recently used out beyond that; a row whose adapter has no slot waits), and
+    # the largest rank an adapter may have (slot tensors are this wide). 0: no adapters.
+    max_loras: int = Field(default=8, ge=0)
+    max_lora_rank: int = Field(default=16, ge=1)
+
+
+class AdapterSpec(BaseModel):
+    """A LoRA adapter served in its base model's forward: `adapter` is a PEFT folder."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    base: str
+    adapter: Path
 
     @property
     def kind(self) -> Literal["generate", "embed"]:
@@ -109,13 +127,35 @@ class ModelSpec(BaseModel):
 
 class Registry(BaseModel):
     models: dict[str, ModelSpec]
+    adapters: dict[str, AdapterSpec] = Field(default_factory=dict)
 
     def get(self, name: str) -> ModelSpec | None:
+        """A whole model (never an adapter)."""
         return self.models.get(name)
+
+    def serving(self, name: str) -> ModelSpec | None:
+        """The model whose workers serve `name`: itself, or an adapter's base."""
+        adapter = self.adapters.get(name)
+        return self.models.get(adapter.base if adapter is not None else name)
+
+    def base_of(self, name: str) -> str:
+        """The model name whose queue and workers serve `name`."""
+        adapter = self.adapters.get(name)
+        return adapter.base if adapter is not None else name
+
+    def family(self, base: str) -> list[str]:
+        """`base` and its adapters: the model names of lines its workers take."""
+        return [base, *sorted(n for n, a in self.adapters.items() if a.base == base)]
 
     @property
     def names(self) -> list[str]:
+        """Whole models (what a worker loads)."""
         return sorted(self.models)
+
+    @property
+    def all_names(self) -> list[str]:
+        """Every name a request may give: models and adapters."""
+        return sorted([*self.models, *self.adapters])
 
 
 def _demo_spec(settings: Settings) -> ModelSpec:
@@ -131,7 +171,11 @@ def _parse(raw: dict[str, object], settings: Settings) -> Registry:
     if not isinstance(entries, dict):
         raise ValueError("expected a [models] table")
     models: dict[str, ModelSpec] = {}
+    adapters: dict[str, AdapterSpec] = {}
     for name, spec in entries.items():
+        if isinstance(spec, dict) and "base" in spec:
+            adapters[name] = _adapter(name, spec)
+            continue
         if not isinstance(spec, dict) or "path" not in spec:
             # `[models.qwen2.5-0.5b]` unquoted makes nested tables: no path at this level.
             raise ValueError(
@@ -148,7 +192,23 @@ def _parse(raw: dict[str, object], settings: Settings) -> Registry:
             raise ValueError(f"entry {name!r}: {where}: {first['msg']}") from None
     if DEMO_MODEL not in models:
         models[DEMO_MODEL] = _demo_spec(settings)
-    return Registry(models=models)
+    for name, adapter in adapters.items():
+        if adapter.base not in models:
+            raise ValueError(
+                f"adapter {name!r}: base {adapter.base!r} is not a model of the registry"
+            )
+    return Registry(models=models, adapters=adapters)
+
+
+def _adapter(name: str, spec: dict[str, object]) -> AdapterSpec:
+    if "adapter" not in spec:
+        raise ValueError(f"adapter {name!r} has a base but no 'adapter' folder")
+    try:
+        return AdapterSpec(name=name, **spec)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise ValueError(f"adapter {name!r}: {where}: {first['msg']}") from None
 
 
 def load_registry(settings: Settings | None = None) -> Registry:

@@ -190,6 +190,7 @@ def test_admission_counts_prefixes_coming_in_the_same_step() -> None:
 
 class _Job:
     requeued = False  # a line admitted for the first time (not back from preemption)
+    adapter_key = None  # the base model's blocks (no LoRA adapter)
 
 
 class _Unit:

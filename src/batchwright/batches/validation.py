@@ -192,13 +192,13 @@ def scan_input(session: Session, batch: Batch, registry: Registry, settings: Set
             continue
         seen.add(custom_id)
         model = body["model"]
-        if registry.get(model) is None:
+        if registry.serving(model) is None:
             if fail(
                 LineError(
                     "model_not_found",
                     line_no,
                     f"Line {line_no}: model {model[:64]!r} does not exist here; "
-                    f"available: {', '.join(registry.names)}.",
+                    f"available: {', '.join(registry.all_names)}.",
                     "body.model",
                 )
             ):

@@ -45,7 +45,9 @@ def place(
             cache.assign(taken[0], cache.alloc.allocate(cache.alloc.blocks_for(total)))
             cached = 0
         else:
-            blocks, cached = prefix_blocks(prefix, u.prompt, total, first_blocks(prefix, u))
+            blocks, cached = prefix_blocks(
+                prefix, u.prompt, total, first_blocks(prefix, u), job.adapter_key
+            )
             cache.assign(taken[0], blocks)
             job.cached_tokens.setdefault(u.prompt_index, cached)
         dest = cache.prompt_dest(taken[0], length)[cached:]

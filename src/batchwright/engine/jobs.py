@@ -103,6 +103,9 @@ class Job:
     requeued: bool = False  # preempted: back at the front of the waiting lines
     chat: Any = None  # a chat line's ChatCompletionRequest (engine/chat.py); `req` runs it
     grammar: Any = None  # Future of the compiled response_format (grammar.py), if any
+    adapter: str | None = None  # GenRequest.adapter (engine/lora/)
+    lora: Any = None  # Future of the adapter's weights (engine/lora/store.py), if any
+    adapter_key: Any = None  # the adapter's slot and prefix-cache key once admitted
     id: str = field(default_factory=lambda: "cmpl-" + secrets.token_urlsafe(18))
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -211,7 +214,16 @@ def build_job(
                 None,
             )
         bias[int(k)] = v
-    job = Job(greq.key, req, prompts, echo_texts, eos_ids, context_length, group=greq.group)
+    job = Job(
+        greq.key,
+        req,
+        prompts,
+        echo_texts,
+        eos_ids,
+        context_length,
+        group=greq.group,
+        adapter=greq.adapter,
+    )
     stops = req.stop_list
     if req.max_tokens > 0:
         for p in range(len(prompts)):

@@ -23,8 +23,9 @@ from typing import Any, Protocol
 
 from batchwright.engine import preempt
 from batchwright.engine.grammar import grammar_error
-from batchwright.engine.intake import Intake, Unit, units_of
+from batchwright.engine.intake import Intake, Unit, adapter_error, adapter_refusal, units_of
 from batchwright.engine.jobs import bad_request, server_error
+from batchwright.engine.lora.run import LoraRun
 from batchwright.engine.paged import PagedCache
 from batchwright.engine.parts import Parts
 from batchwright.engine.sampler import Sampler
@@ -67,6 +68,7 @@ class Loop(Protocol):
     cache: PagedCache
     slots: Slots
     sampler: Sampler
+    lora: LoraRun | None
 
     def kv_cost(self, unit: Unit) -> int: ...
 
@@ -112,6 +114,18 @@ class Lane:
                 self.drop({unit.job.key})
                 yield bad_request(unit.job.key, why, "response_format", "invalid_response_format")
                 continue
+            # Its adapter's weights are read off the loop, and it needs a slot for them
+            # (engine/lora/run.py): it waits, and the batch lines behind it with it.
+            weights = unit.job.lora
+            if weights is not None and not weights.done():
+                break
+            if (why := adapter_error(weights)) is not None:
+                self.drop({unit.job.key})
+                yield bad_request(unit.job.key, why, "model", "model_not_found")
+                continue
+            lora = s.lora
+            if lora is not None and not lora.gate(unit):
+                break
             if s.kv_cost(_first(unit)) > alloc.num_blocks - 1:
                 yield self._reject(unit)
                 continue
@@ -192,12 +206,17 @@ class Lane:
         if too_big is not None:
             yield self._reject(too_big)
             return
+        if (refused := adapter_refusal(job)) is not None:
+            yield refused
+            return
         if self.feed is not None:
             self.feed.started(job.key, sum(len(p) for p in job.prompts))
         try:
             if job.needs_prompt_scores:
                 k = job.req.logprobs or 0
-                job.prompt_scores = {i: e.score_prompt(p, k) for i, p in enumerate(job.prompts)}
+                job.prompt_scores = {
+                    i: e.score_prompt(p, k, job.adapter) for i, p in enumerate(job.prompts)
+                }
         except Exception as exc:
             log.exception("online request %s: scoring its prompt failed", greq.key)
             yield server_error(greq.key, exc)

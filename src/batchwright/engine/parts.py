@@ -17,6 +17,7 @@ import torch
 from batchwright.engine.attention import Step
 from batchwright.engine.jobs import Job, PromptScores
 from batchwright.engine.loader import LoadedModel
+from batchwright.engine.lora.run import Lora
 from batchwright.engine.paged import PagedCache
 from batchwright.engine.types import GenRequest, GenResult
 from batchwright.registry import ModelSpec
@@ -52,7 +53,7 @@ class Requests(Protocol):
 
     def result(self, job: Job) -> GenResult: ...
 
-    def score_prompt(self, ids: list[int], k: int) -> PromptScores: ...
+    def score_prompt(self, ids: list[int], k: int, adapter: str | None = None) -> PromptScores: ...
 
 
 class ForwardLast(Protocol):
@@ -70,6 +71,7 @@ class Parts(Requests, Text, Protocol):
     lm: LoadedModel
     spec: ModelSpec
     attention_backend: str
+    lora: Lora | None  # adapters in this model's forward (engine/lora/)
 
     def new_cache(self) -> PagedCache: ...
 

@@ -12,9 +12,11 @@ from batchwright.engine.attention import PLAN_KWARG, Step, planned
 from batchwright.engine.chat import build_chat_result, prepare_chat
 from batchwright.engine.compiled import Compiled, compile_on
 from batchwright.engine.grammar import Grammars
+from batchwright.engine.graphs import graphs_on
 from batchwright.engine.host_memory import freeze_heap
-from batchwright.engine.jobs import Job, PromptScores, prepare
+from batchwright.engine.jobs import Job, PromptScores, bad_request, prepare
 from batchwright.engine.loader import LoadedModel, load_model
+from batchwright.engine.lora.run import Lora
 from batchwright.engine.paged import PagedCache, block_size_for, pool_blocks
 from batchwright.engine.result import build_result
 from batchwright.engine.scheduler import Scheduler
@@ -53,6 +55,22 @@ class Engine:
         if compile_on(spec, lm.device, self.attention_backend):
             self._compiled = Compiled(self._forward, "model's forward", dynamic=True)
         self.grammars = Grammars(tok, lm.vocab_size, lm.eos_ids)
+        # LoRA adapters share this model's forward (engine/lora/): its linear layers are
+        # wrapped once here; the dense kernel where the forward is compiled or captured.
+        self.lora: Lora | None = None
+        if spec.max_loras > 0:
+            self.lora = Lora(
+                lm.model,
+                spec.name,
+                max_loras=spec.max_loras,
+                max_rank=spec.max_lora_rank,
+                device=lm.device,
+                dtype=lm.dtype,
+                dense=self._compiled is not None
+                or graphs_on(spec, lm.device, self.attention_backend)
+                or lm.device.type == "cuda",
+                max_tokens=self.max_rows + max(self.max_batch_tokens, lm.context_length),
+            )
 
     @classmethod
     def load(cls, spec: ModelSpec) -> Engine:
@@ -91,10 +109,20 @@ class Engine:
     # --- requests ------------------------------------------------------------------------
 
     def prepare(self, greq: GenRequest) -> Job | GenResult:
+        if greq.adapter is not None and self.lora is None:
+            return bad_request(
+                greq.key,
+                f"The model '{greq.adapter[:200]}' is an adapter of '{self.model_name}', "
+                "whose workers serve no adapters (max_loras 0).",
+                "model",
+                "model_not_found",
+            )
         job = self._prepare(greq)
         if isinstance(job, Job):
             # Compiled off the loop; the intake admits the job once it is ready.
             job.grammar = self.grammars.request(job.req.response_format)
+            if job.adapter is not None and self.lora is not None:
+                job.lora = self.lora.store.request(job.adapter)  # read off the loop too
         return job
 
     def _prepare(self, greq: GenRequest) -> Job | GenResult:
@@ -119,11 +147,15 @@ class Engine:
         )
 
     def result(self, job: Job) -> GenResult:
+        model, fingerprint = self.model_name, self.system_fingerprint
+        if job.adapter is not None and job.lora is not None:
+            model = job.adapter
+            fingerprint = job.lora.result().fingerprint(fingerprint)
         if job.chat is not None:
             return build_chat_result(
                 job,
-                model=self.model_name,
-                fingerprint=self.system_fingerprint,
+                model=model,
+                fingerprint=fingerprint,
                 decode=self.decode,
                 tok=self.token_text,
                 piece=self._keys.text,
@@ -131,8 +163,8 @@ class Engine:
             )
         return build_result(
             job,
-            model=self.model_name,
-            fingerprint=self.system_fingerprint,
+            model=model,
+            fingerprint=fingerprint,
             decode=self.decode,
             tok=self.token_text,
             piece=self.token_piece,
@@ -220,10 +252,15 @@ class Engine:
         return logits
 
     @torch.inference_mode()
-    def score_prompt(self, ids: list[int], k: int) -> PromptScores:
-        """Logprob of each prompt token given its prefix (None for the first) and top-k."""
+    def score_prompt(self, ids: list[int], k: int, adapter: str | None = None) -> PromptScores:
+        """Logprob of each prompt token given its prefix (None for the first) and top-k,
+        under `adapter` if one is named."""
         x = torch.tensor([ids], device=self.lm.device)
-        logits = self.lm.model(input_ids=x, use_cache=False).logits[0, :-1]
+        if adapter is not None and self.lora is not None:
+            with self.lora.scoring(adapter):
+                logits = self.lm.model(input_ids=x, use_cache=False).logits[0, :-1]
+        else:
+            logits = self.lm.model(input_ids=x, use_cache=False).logits[0, :-1]
         lps: list[float | None] = [None]
         tops: list[list[tuple[int, float]] | None] = [None]
         target = x[0, 1:]

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ from batchwright.engine.grammar import RowGrammars
 from batchwright.engine.graphs import DecodeGraphs, capture_for, graphs_on
 from batchwright.engine.intake import Intake, Unit
 from batchwright.engine.jobs import Seq
+from batchwright.engine.lora.run import LoraRun, segments_of
 from batchwright.engine.online import Lane, OnlineFeed
 from batchwright.engine.padded import padded_decode, padded_prefill
 from batchwright.engine.parts import Parts
@@ -83,6 +85,9 @@ class Scheduler:
         # while the host works, so the extra step would only cost.
         self.lag = self.device.type == "cuda" and engine.lm.varlen
         self._pending: Outputs | None = None
+        # LoRA adapters (engine/lora/): rows of any adapters share each forward.
+        self.lora = LoraRun(engine.lora, self.slots.seqs) if engine.lora is not None else None
+        self.adapters_on = False  # the forward running adds adapter deltas (graphs.py keys)
 
     def run(
         self,
@@ -98,6 +103,8 @@ class Scheduler:
                 if cancelled is not None:
                     self._cancel(intake, cancelled())
                 s = self.slots
+                if self.lora is not None:
+                    self.lora.new_round()
                 units = yield from lane.admit()
                 kv_cost, prompt_cost = prefix.admission_costs(self.prefix, self.kv_cost)
                 batch = yield from intake.admit(
@@ -110,6 +117,7 @@ class Scheduler:
                     # An online request waiting for its grammar keeps the loop from
                     # waiting on the batch source (the lane waits for the grammar).
                     idle=not s.live and not lane.waiting,
+                    gate=self.lora.gate if self.lora is not None else None,
                 )
                 lane.started(batch)
                 units += batch
@@ -166,6 +174,19 @@ class Scheduler:
         s = self.slots
         n = s.rows_for_step()
         placed = place(self.cache, s, units, self.prefix)
+        if self.lora is None or not self.e.lm.varlen:
+            return self._forward(n, placed)
+        decode = self.lora.decode_index(n)
+        prompts = [(self.lora.slot_of(p.unit.job), p.length - p.cached) for p in placed]
+        segments = segments_of(decode, prompts)
+        if self.invariant_rows:  # the padding tokens _forward appends run without adapters
+            pad = -sum(length for _, length in segments) % self.invariant_rows
+            segments += [(0, pad)] if pad else []
+        with self.lora.step(segments) as self.adapters_on:
+            return self._forward(n, placed)
+
+    def _forward(self, n: int, placed: list[Placement]) -> list[GenResult]:
+        s = self.slots
         if not placed and n and self.graphs is not None:
             early = self._constrained_drain(n)
             return early + self._outputs(n, self.graphs.step(n, self._max_k(n)))
@@ -287,11 +308,20 @@ class Scheduler:
     def _padded_step(self, n: int, placed: Sequence[Placement]) -> list[GenResult]:
         s = self.slots
         done = []
+        lora = self.lora
         if n:
-            logits = padded_decode(self.e.forward_last, self.cache, s, n)
+            with (
+                nullcontext() if lora is None else lora.step(segments_of(lora.decode_index(n), []))
+            ):
+                logits = padded_decode(self.e.forward_last, self.cache, s, n)
             done = self._advance(n, logits)
         if placed:
-            done += self._admit(placed, padded_prefill(self.e.forward_last, self.cache, placed))
+            # Prompts run left-padded to the longest: each row's tokens are its adapter's.
+            width = max(p.length for p in placed)
+            rows = [] if lora is None else [(lora.slot_of(p.unit.job), width) for p in placed]
+            with nullcontext() if lora is None else lora.step(rows):
+                logits = padded_prefill(self.e.forward_last, self.cache, placed)
+            done += self._admit(placed, logits)
         return done
 
     def _advance(self, n: int, logits: torch.Tensor) -> list[GenResult]:

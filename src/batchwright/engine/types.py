@@ -16,13 +16,15 @@ class GenRequest:
     `group` (the worker: the batch) shares the rows between groups when several wait:
     the group with the fewest running rows is admitted first (engine/intake.py).
     `stream`: an online request (engine/online.py) whose choices are sent as they grow,
-    one delta per engine step (engine/streaming.py).
+    one delta per engine step (engine/streaming.py). `adapter`: the LoRA adapter of the
+    engine's model the request names (its `model`), None for the model itself.
     """
 
     key: Any
     body: dict[str, Any]
     group: Any = None
     stream: bool = False
+    adapter: str | None = None
 
 
 # A request source may yield WAKE to end the engine's wait for input without a request

@@ -149,3 +149,5 @@ class Model(OpenAIBaseModel):
     # Extension: why no worker serves it (a worker refused it at load, in one line);
     # batches for it fail at validation with code `model_unavailable` while this is set.
     unavailable: str | None = None
+    # A LoRA adapter's base model (as vLLM lists adapters); None for a whole model.
+    parent: str | None = None

@@ -12,6 +12,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sqlalchemy import delete, select
@@ -33,7 +34,10 @@ class WorkerStats:
     tokens: int = 0
     loaded: set[str] = field(default_factory=set)
     refused: dict[str, str] = field(default_factory=dict)  # model -> why, one line
+    adapters: set[str] = field(default_factory=set)  # LoRA adapters held (engine/lora/)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Called before each beat (the engines' adapter sync: worker/adapters.py).
+    before_beat: list[Callable[[], None]] = field(default_factory=list)
 
     def add(self, *, in_flight: int = 0, lines: int = 0, tokens: int = 0) -> None:
         with self.lock:
@@ -74,12 +78,23 @@ def capacity(session: Session, settings: Settings | None = None) -> dict[str, in
 
 
 def model_capacity(settings: Settings) -> dict[str, int]:
-    """Live workers for every model of the registry (0 where none)."""
-    from batchwright.registry import load_registry
+    """Live workers for every model name (0 where none): an adapter's are its base's."""
+    from batchwright.catalog import registry
 
     with session_scope() as session:
         counts = capacity(session, settings)
-    return {name: counts.get(name, 0) for name in load_registry(settings).names}
+        reg = registry(session, settings)
+    return {name: counts.get(reg.base_of(name), 0) for name in reg.all_names}
+
+
+def adapter_holders(session: Session, settings: Settings | None = None) -> dict[str, int]:
+    """Live workers holding each LoRA adapter (read, or in a device slot)."""
+    counts: dict[str, int] = {}
+    for beat in live(session, settings):
+        for name in (beat.adapters or "").split(","):
+            if name:
+                counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 def refusals(session: Session, settings: Settings | None = None) -> dict[str, str]:
@@ -131,11 +146,17 @@ class Heartbeat:
         self._thread.start()
 
     def beat(self) -> None:
+        for hook in list(STATS.before_beat):
+            try:
+                hook()
+            except Exception as exc:  # the database is away: the next beat syncs
+                log.warning("adapter sync failed: %r", exc)
         now_mono = time.monotonic()
         with STATS.lock:
             in_flight, lines, tokens = STATS.rows_in_flight, STATS.lines_completed, STATS.tokens
             loaded = ",".join(sorted(STATS.loaded))
             refused = dict(STATS.refused)
+            adapters = ",".join(sorted(STATS.adapters))
         then, tokens_then = self._last
         rate = (tokens - tokens_then) / max(now_mono - then, 1e-6)
         self._last = (now_mono, tokens)
@@ -149,6 +170,7 @@ class Heartbeat:
                     models=",".join(m for m in self.models if m not in refused),
                     loaded=loaded,
                     refused=json.dumps(refused) if refused else "",
+                    adapters=adapters,
                     control=self.control,
                     rows_in_flight=in_flight,
                     tokens_per_second=round(rate, 2),

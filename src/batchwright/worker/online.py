@@ -40,6 +40,7 @@ from batchwright.relay.messages import (
 )
 from batchwright.relay.worker_side import Taken, WorkerEvent
 from batchwright.worker import metrics
+from batchwright.worker.adapters import adapter_of
 
 if TYPE_CHECKING:
     from batchwright.engine.runtime import Engine
@@ -284,7 +285,9 @@ class OnlineWork:
             r = t.request
             self.live[r.id] = t
             body = {k: v for k, v in r.body.items() if k not in _STREAM_FIELDS}
-            out.append(GenRequest(r.id, body, stream=r.streamed))
+            out.append(
+                GenRequest(r.id, body, stream=r.streamed, adapter=adapter_of(body, self.model))
+            )
         if out:
             metrics.handed(self.model, len(out))
             metrics.ONLINE_IN_FLIGHT.labels(self.model).set(len(self.live))

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from batchwright.config import Settings, get_settings
 from batchwright.engine.types import ModelRefused
 from batchwright.registry import ModelSpec, Registry, load_registry
-from batchwright.worker import heartbeat, lease_process, metrics, pipeline, routing
+from batchwright.worker import adapters, heartbeat, lease_process, metrics, pipeline, routing
 from batchwright.worker.claims import Lease, is_out_of_memory
 from batchwright.worker.dispatch import FINALIZE, PROCESS, get_dispatcher
 
@@ -55,6 +55,7 @@ def _load(spec: ModelSpec) -> Engine:
                 heartbeat.STATS.refused[spec.name] = str(exc)
             raise
         set_cpu_threads(_engines[spec.name], get_settings())
+        adapters.attach(_engines[spec.name], spec.name, get_settings())
         metrics.instrument(_engines[spec.name], spec.name)
         metrics.loaded(spec.name)
     return _engines[spec.name]
