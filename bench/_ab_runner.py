@@ -6,7 +6,8 @@ imports only the engine's stable entry points (`Engine.load(spec)`, `engine.run(
 after, so any revision of either layout can be measured. It prints one JSON object.
 
 The job: {"model": dir, "spec": {ModelSpec fields}, "warmup": [bodies], "bodies":
-[bodies], "wall_cpus": [cpu ids] or []}. The process is started pinned to one core
+[bodies], "wall_cpus": [cpu ids] or [], "runs": times the bodies run, one after the
+other (default 1)}. The process is started pinned to one core
 (taskset); it runs on one torch thread, timed in CPU-seconds of the process; then, if
 `wall_cpus` is given, once more on those cores with as many threads, timed by the clock.
 """
@@ -89,7 +90,10 @@ def main() -> None:
 
     run(job["warmup"])
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    tokens, cpu_s, wall_s, texts = run(job["bodies"])
+    tokens, cpu_s, wall_s = 0, 0.0, 0.0
+    for _ in range(job.get("runs", 1)):  # a worker's consecutive files, in one process
+        got, cpu, wall, texts = run(job["bodies"])
+        tokens, cpu_s, wall_s = tokens + got, cpu_s + cpu, wall_s + wall
     usage = resource.getrusage(resource.RUSAGE_SELF)
     out: dict[str, Any] = {
         "src": os.path.dirname(os.path.dirname(batchwright.__file__)),

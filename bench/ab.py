@@ -20,7 +20,9 @@ Legs (bench/_workloads.py, as engine_bench.py): `het` 256 heterogeneous requests
 the same token counts in one shape (distinct prompts of the mean length, greedy). The
 model is engine_bench's CPU model (4.5M-parameter Llama, vocab 4096) unless `--model DIR`
 names an HF directory. `--set k=v` sets a ModelSpec field on both sides, `--base-set` /
-`--work-set` on one.
+`--work-set` on one. `--runs N` runs each leg N times in its process, one after the other,
+as a worker runs consecutive files (the figures then cover all N; peak RSS is the
+process's).
 """
 
 from __future__ import annotations
@@ -142,6 +144,12 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], help="ModelSpec k=v, both sides")
     ap.add_argument("--base-set", action="append", default=[], help="k=v, baseline only")
     ap.add_argument("--work-set", action="append", default=[], help="k=v, work tree only")
+    ap.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="times each process runs its leg, one after the other (a worker's files)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="write every run's figures here")
     args = ap.parse_args()
 
@@ -179,6 +187,7 @@ def main() -> None:
                         "warmup": warmup,
                         "bodies": sets[leg],
                         "wall_cpus": wall_cpus,
+                        "runs": args.runs,
                     }
                 )
             )
