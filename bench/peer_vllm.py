@@ -90,7 +90,9 @@ def run(cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{cmd[-2]} failed:\n{proc.stderr[-6000:]}")
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    # vLLM also logs to stdout: the result is the last line that is a JSON object.
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    result: dict[str, Any] = json.loads(lines[-1])
     return result
 
 
