@@ -141,6 +141,10 @@ class Scheduler:
                     return
         finally:
             self.slots.release_all()
+            # The lane points back at the scheduler: left in place, the cycle keeps this
+            # run's KV pools and sampler state resident until a full collection, so the
+            # next run (a worker's next file) allocates its own on top of them.
+            del self.lane
 
     def _running(self) -> Counter[Hashable]:
         return Counter(q.job.group for q in self.slots.seqs if q is not None)
