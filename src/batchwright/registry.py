@@ -105,6 +105,15 @@ class ModelSpec(BaseModel):
     max_loras: int = Field(default=8, ge=0)
     max_lora_rank: int = Field(default=16, ge=1)
 
+    @property
+    def kind(self) -> Literal["generate", "embed"]:
+        """What the model does: `task`, else found from its folder's layout."""
+        if self.task is not None:
+            return self.task
+        if self.embedding is not None or (self.path / "modules.json").is_file():
+            return "embed"
+        return "generate"
+
 
 class AdapterSpec(BaseModel):
     """A LoRA adapter served in its base model's forward: `adapter` is a PEFT folder."""
@@ -114,15 +123,6 @@ class AdapterSpec(BaseModel):
     name: str
     base: str
     adapter: Path
-
-    @property
-    def kind(self) -> Literal["generate", "embed"]:
-        """What the model does: `task`, else found from its folder's layout."""
-        if self.task is not None:
-            return self.task
-        if self.embedding is not None or (self.path / "modules.json").is_file():
-            return "embed"
-        return "generate"
 
 
 class Registry(BaseModel):

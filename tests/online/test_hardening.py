@@ -76,12 +76,6 @@ def test_many_concurrent_requests_get_answers_never_a_500(service: Service, work
     service.wait(lambda: len(usage_rows(service, "team-flood")) == 150, 60, "150 usage rows")
 
 
-@pytest.mark.xfail(
-    reason="open (issue 33 item 1): on this stack the third request got a 200 while both "
-    "frozen streams had sent their first chunk; AIPerf at concurrency 256 does get the cap's "
-    "429s (bench/online_load.py). Not yet explained.",
-    strict=False,
-)
 def test_a_project_past_its_in_flight_cap_gets_a_429_others_do_not(
     service: Service, worker: Worker
 ) -> None:
@@ -116,12 +110,17 @@ def test_a_project_past_its_in_flight_cap_gets_a_429_others_do_not(
             leave.wait(120)
 
     readers = [threading.Thread(target=stream) for _ in range(2)]
-    # Frozen, and run a slice at a time until both streams are under way: neither can end
-    # before the third request comes, however fast the engine is.
+    pending = redis.Redis.from_url(REDIS)
+    queued = f"{service.env['BATCHWRIGHT_QUEUE']}:online:pending:demo-b"
+    # Both requests wait for the frozen worker, which then runs a slice at a time until
+    # both streams are under way: they start together, so neither can end (and give its
+    # slot back, its last chunk written) before the third request comes. Started one
+    # after the other, the first could run its 400 tokens out while the second waited.
     held.proc.signal_group(signal.SIGSTOP)
     try:
         for t in readers:
             t.start()
+        service.wait(lambda: pending.llen(queued) == 2, 60, "both streams queued")
         step_until(held, lambda: len(firsts) == 2)
         assert all(f.startswith('data: {"id"') for f in firsts), firsts  # two streams
         third = httpx.post(path, json=short, headers=as_mine, timeout=60)
