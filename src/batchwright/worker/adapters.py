@@ -25,7 +25,8 @@ def adapter_of(body: dict[str, Any], model: str) -> str | None:
 def attach(engine: Engine, model: str, settings: Settings) -> None:
     """The engine looks adapters of `model` up in the catalog (registry and database);
     each heartbeat forgets those removed or moved and reports those held."""
-    lora = engine.lora
+    # An embedding model's runner has no adapters (LoRA serves generation models).
+    lora = getattr(engine, "lora", None)
     if lora is None:
         return
     store = lora.store
