@@ -2,7 +2,9 @@
 
 Prints generated tokens/s for the engine on heterogeneous requests, and ratios against:
 (a) a loop of `model.generate` per request, (b) `generate` on padded static batches of
-max_rows requests, (c) the engine on a homogeneous batch with the same token counts.
+max_rows requests, (c) the engine on a homogeneous batch with the same token counts
+(distinct prompts of one length, greedy: bench/_workloads.py). One revision against
+another, in CPU-seconds on one pinned thread: bench/ab.py.
 
     .venv/bin/python bench/engine_bench.py            # CPU, 256 requests
     .venv/bin/python bench/engine_bench.py --quick    # smoke run
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import random
 import resource
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -28,6 +31,10 @@ from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _workloads import homogeneous, make_requests
 
 from batchwright.engine.engine import Engine
 from batchwright.engine.loading.demo import EOS_TOKEN, build_demo_model, build_tokenizer
@@ -84,33 +91,6 @@ def build_cpu_model(path: Path, kv_heads: int | None = None) -> Path:
         max_position_embeddings=1024,
         model_vocab_size=4096,
     )
-
-
-def make_requests(n: int, vocab: int, eos: int, rng: random.Random, *, scale: float) -> list[Any]:
-    """Heterogeneous bodies: prompt lengths 8-256, max_tokens 8-128, mixed parameters."""
-    out = []
-    for i in range(n):
-        plen = rng.randint(8, int(256 * scale))
-        prompt = [rng.randrange(1, vocab) for _ in range(plen)]
-        body: dict[str, Any] = {
-            "model": "bench",
-            "prompt": prompt,
-            "max_tokens": rng.randint(8, int(128 * scale)),
-            "temperature": rng.choice([0.0, 0.7, 1.0]),
-            "top_p": rng.choice([1.0, 0.9]),
-            "seed": i,
-            # EOS banned so every system generates exactly max_tokens (comparable work).
-            "logit_bias": {str(eos): -100},
-        }
-        if i % 4 == 1:
-            body["presence_penalty"] = 0.5
-            body["frequency_penalty"] = 0.3
-        if i % 5 == 2:
-            body["stop"] = ["\n\n", "zzz"]
-        if i % 7 == 3:
-            body["logprobs"] = 2
-        out.append(body)
-    return out
 
 
 def run_engine(engine: Engine, bodies: list[dict[str, Any]]) -> tuple[int, float]:
@@ -186,21 +166,6 @@ def run_hf_static(
     return useful, time.perf_counter() - t
 
 
-def homogeneous(bodies: list[dict[str, Any]], eos: int) -> list[dict[str, Any]]:
-    plen = round(sum(len(b["prompt"]) for b in bodies) / len(bodies))
-    mt = round(sum(b["max_tokens"] for b in bodies) / len(bodies))
-    return [
-        {
-            "model": "bench",
-            "prompt": bodies[0]["prompt"][:1] * plen,
-            "max_tokens": mt,
-            "temperature": 0.0,
-            "logit_bias": {str(eos): -100},
-        }
-        for _ in bodies
-    ]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="64 smaller requests")
@@ -257,7 +222,7 @@ def main() -> None:
         f"{engine.lm.dtype} on {device}, max_rows {rows}, torch threads {torch.get_num_threads()}"
     )
     bodies = make_requests(n, vocab, eos, rng, scale=scale)
-    hom_bodies = homogeneous(bodies, eos)
+    hom_bodies = homogeneous(bodies, eos, vocab)
     if args.gpu:
         hf = model
     else:

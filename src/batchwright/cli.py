@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from batchwright import client
+from batchwright.adapters_cli import adapters as adapters_cli
 from batchwright.errors import NotFound
 from batchwright.projects_cli import projects
 from batchwright.webhooks.cli import webhooks as webhooks_cli
@@ -27,6 +28,7 @@ app.add_typer(keys, name="keys")
 app.add_typer(db, name="db")
 app.add_typer(projects, name="projects")
 app.add_typer(webhooks_cli, name="webhooks")
+app.add_typer(adapters_cli, name="adapters")
 client.register(app, keys)
 console = Console()
 
@@ -84,6 +86,32 @@ def _require_service_urls(command: str) -> None:
             markup=False,
         )
         raise typer.Exit(2)
+
+
+def _check_adapters() -> None:
+    """The registry's LoRA adapters of the models this worker serves, checked against
+    their bases as `adapters add` checks one: a malformed one stops the worker in one
+    line (a base whose files are not built yet, the demo's, is checked at first use)."""
+    from batchwright.adapter_files import AdapterError, check
+    from batchwright.registry import load_registry
+    from batchwright.worker.routing import served_models
+
+    registry = load_registry()
+    try:
+        served = set(served_models(registry=registry))
+    except ValueError:
+        return  # worker_queues says why, in its line
+    for name, adapter in sorted(registry.adapters.items()):
+        spec = registry.get(adapter.base)
+        if spec is None or adapter.base not in served or not (spec.path / "config.json").exists():
+            continue
+        try:
+            check(adapter.adapter, spec.path, spec.max_lora_rank)
+        except AdapterError as exc:
+            Console(stderr=True).print(
+                f"error: adapter {name!r}: {exc}", highlight=False, soft_wrap=True
+            )
+            raise typer.Exit(2) from None
 
 
 @app.command()
@@ -180,6 +208,8 @@ def worker(
     get_settings.cache_clear()
     _check_registry()
     _require_service_urls("worker")
+    if not control_only:
+        _check_adapters()
     try:
         queues = worker_queues(control=control_only)
     except ValueError as exc:

@@ -12,12 +12,13 @@ import orjson
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from batchwright import catalog
 from batchwright.batches import lifecycle, redrive
 from batchwright.config import Settings, get_settings
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.db.session import session_scope
 from batchwright.files import purge
-from batchwright.registry import Registry, load_registry
+from batchwright.registry import Registry
 from batchwright.webhooks import outbox
 from batchwright.worker import budget, routing
 from batchwright.worker.dispatch import FINALIZE, VALIDATE, get_dispatcher
@@ -35,7 +36,9 @@ def validate_batch(batch_id: str, registry: Registry | None = None) -> None:
                 return
             batch = lifecycle.lock(session, batch_id)
             if batch is not None:
-                lifecycle.validate(session, batch, registry or load_registry(settings), settings)
+                lifecycle.validate(
+                    session, batch, registry or catalog.registry(session, settings), settings
+                )
 
     redrive.guarded("validation", batch_id, settings, run)
 
@@ -129,8 +132,10 @@ def sweep() -> dict[str, int]:
             dispatcher.send(FINALIZE, batch_id)
     stats["batches"] = len(batches)
     with session_scope() as session:
-        for model in models:  # workers of the model with nothing in flight
-            routing.wake(session, model, idle_only=True)
+        reg = catalog.registry(session, settings)
+        # Workers of the model (an adapter's base) with nothing in flight.
+        for base in {reg.base_of(m) for m in models}:
+            routing.wake(session, base, idle_only=True)
     purge.kick(dispatcher)
     outbox.resend_due(dispatcher)
     return stats

@@ -3,6 +3,9 @@
 Torch-free so the API can validate model names. Sources, first match wins:
 BATCHWRIGHT_MODELS (inline JSON), BATCHWRIGHT_MODELS_FILE (TOML or JSON), else just `demo`.
 Shape: {"models": {"name": {"path": "...", "device": "auto", "dtype": "auto", ...}}}
+An entry with `base` is a LoRA adapter of that model: {"base": "llama", "adapter": "/dir"}
+(a PEFT folder, adapter_files.py); its name is a model name everywhere, and its lines run
+in the base's forward. Adapters added at run time live in the database (catalog/).
 """
 
 from __future__ import annotations
@@ -68,19 +71,19 @@ class ModelSpec(BaseModel):
     # max_rows rows of full context, on CUDA at most 60 % of the memory free after loading.
     kv_tokens: int | None = None
     # Tokens per KV block (also the granularity of shared-prefix reuse). Default: 256 on
-    # CUDA (FlashAttention's paged kernel), 64 elsewhere (see engine/paged.py).
+    # CUDA (FlashAttention's paged kernel), 64 elsewhere (see engine/kv/paged.py).
     kv_block_size: int | None = Field(default=None, ge=1)
     # Shared-prefix reuse: full prompt blocks stay in the paged cache, indexed by their
-    # tokens, and later prompts that start with them skip their prefill (engine/prefix.py).
+    # tokens, and later prompts that start with them skip their prefill (engine/kv/prefix.py).
     # On by default, as in the serving engines users compare us with: on files that share
     # nothing it costs within noise (docs/prefix.md, bench/prefix_bench.py --overhead).
     prefix_cache: bool = True
     # CUDA graphs: steady decode steps (no prompt admitted) replay a graph recorded per
-    # row and KV-length bucket (engine/graphs.py). Default (None): on CUDA with the varlen
+    # row and KV-length bucket (engine/runner/graphs.py). Default (None): on CUDA with the varlen
     # attention, off elsewhere. A capture that fails logs one line and the run goes on
     # eagerly.
     cuda_graphs: bool | None = None
-    # torch.compile the forward and the sampler (engine/compiled.py). Default (None): on
+    # torch.compile the forward and the sampler (engine/platform/compiled.py). Default (None): on
     # CUDA with the varlen attention, off elsewhere (the first run on a CPU starts fast).
     torch_compile: bool | None = None
     # Tokens of cached prefixes kept once no running row uses them (LRU beyond that; they
@@ -88,7 +91,7 @@ class ModelSpec(BaseModel):
     # pool (allocated anyway), elsewhere 8192 (memory a CPU worker keeps resident).
     prefix_cache_tokens: int | None = None
     # Rows kept free of batch lines for online requests (POST /v1/completions). 0: an
-    # online request takes batch rows when none are free (engine/preempt.py), at the next
+    # online request takes batch rows when none are free (engine/scheduling/preempt.py), at the next
     # step either way; a reserve only spares the preempted lines' recomputation, and costs
     # the batch those rows whether online traffic comes or not.
     online_rows: int = Field(default=0, ge=0)
@@ -96,6 +99,11 @@ class ModelSpec(BaseModel):
     # from `path`); default: the tokenizer's own (tokenizer_config.json or
     # chat_template.jinja). A model with neither answers chat lines with a 400.
     chat_template: Path | None = None
+    # LoRA adapters of this model (engine/lora/): adapters held on the device at once
+    # (least recently used out beyond that; a row whose adapter has no slot waits), and
+    # the largest rank an adapter may have (slot tensors are this wide). 0: no adapters.
+    max_loras: int = Field(default=8, ge=0)
+    max_lora_rank: int = Field(default=16, ge=1)
 
     @property
     def kind(self) -> Literal["generate", "embed"]:
@@ -107,15 +115,47 @@ class ModelSpec(BaseModel):
         return "generate"
 
 
+class AdapterSpec(BaseModel):
+    """A LoRA adapter served in its base model's forward: `adapter` is a PEFT folder."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    base: str
+    adapter: Path
+
+
 class Registry(BaseModel):
     models: dict[str, ModelSpec]
+    adapters: dict[str, AdapterSpec] = Field(default_factory=dict)
 
     def get(self, name: str) -> ModelSpec | None:
+        """A whole model (never an adapter)."""
         return self.models.get(name)
+
+    def serving(self, name: str) -> ModelSpec | None:
+        """The model whose workers serve `name`: itself, or an adapter's base."""
+        adapter = self.adapters.get(name)
+        return self.models.get(adapter.base if adapter is not None else name)
+
+    def base_of(self, name: str) -> str:
+        """The model name whose queue and workers serve `name`."""
+        adapter = self.adapters.get(name)
+        return adapter.base if adapter is not None else name
+
+    def family(self, base: str) -> list[str]:
+        """`base` and its adapters: the model names of lines its workers take."""
+        return [base, *sorted(n for n, a in self.adapters.items() if a.base == base)]
 
     @property
     def names(self) -> list[str]:
+        """Whole models (what a worker loads)."""
         return sorted(self.models)
+
+    @property
+    def all_names(self) -> list[str]:
+        """Every name a request may give: models and adapters."""
+        return sorted([*self.models, *self.adapters])
 
 
 def _demo_spec(settings: Settings) -> ModelSpec:
@@ -131,7 +171,11 @@ def _parse(raw: dict[str, object], settings: Settings) -> Registry:
     if not isinstance(entries, dict):
         raise ValueError("expected a [models] table")
     models: dict[str, ModelSpec] = {}
+    adapters: dict[str, AdapterSpec] = {}
     for name, spec in entries.items():
+        if isinstance(spec, dict) and "base" in spec:
+            adapters[name] = _adapter(name, spec)
+            continue
         if not isinstance(spec, dict) or "path" not in spec:
             # `[models.qwen2.5-0.5b]` unquoted makes nested tables: no path at this level.
             raise ValueError(
@@ -148,7 +192,23 @@ def _parse(raw: dict[str, object], settings: Settings) -> Registry:
             raise ValueError(f"entry {name!r}: {where}: {first['msg']}") from None
     if DEMO_MODEL not in models:
         models[DEMO_MODEL] = _demo_spec(settings)
-    return Registry(models=models)
+    for name, adapter in adapters.items():
+        if adapter.base not in models:
+            raise ValueError(
+                f"adapter {name!r}: base {adapter.base!r} is not a model of the registry"
+            )
+    return Registry(models=models, adapters=adapters)
+
+
+def _adapter(name: str, spec: dict[str, object]) -> AdapterSpec:
+    if "adapter" not in spec:
+        raise ValueError(f"adapter {name!r} has a base but no 'adapter' folder")
+    try:
+        return AdapterSpec(name=name, **spec)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise ValueError(f"adapter {name!r}: {where}: {first['msg']}") from None
 
 
 def load_registry(settings: Settings | None = None) -> Registry:

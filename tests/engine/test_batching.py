@@ -160,26 +160,3 @@ def test_nucleus_matches_a_full_sort() -> None:
         before = ordered.cumsum(0) - ordered
         kept = max(1, int((before < top_p[i]).sum()))
         assert int((probs[i] >= floor[i]).sum()) == kept
-
-
-def test_sliding_window_model_is_refused_at_load(make_engine: Any, tmp_path: Path) -> None:
-    # The cache keeps every column and the attention has no window: refuse, loudly.
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from batchwright.engine.loading.demo import build_tokenizer
-
-    config = Qwen2Config(
-        vocab_size=1100,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        use_sliding_window=True,
-        sliding_window=16,
-        max_window_layers=0,
-    )
-    Qwen2ForCausalLM(config).save_pretrained(tmp_path / "swa")
-    build_tokenizer().save_pretrained(tmp_path / "swa")
-    with pytest.raises(ValueError, match=r"not supported|unsupported"):
-        make_engine(path=tmp_path / "swa")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from batchwright.engine.attention import backends
+from batchwright.engine.attention.interface import backends
 from batchwright.engine.attention.native import paged_attention_kernel
 from batchwright.engine.kv.blocks import OutOfBlocks
 from batchwright.engine.kv.prefix import Planned, PrefixBlocks
@@ -190,6 +190,7 @@ def test_admission_counts_prefixes_coming_in_the_same_step() -> None:
 
 class _Job:
     requeued = False  # a line admitted for the first time (not back from preemption)
+    adapter_key = None  # the base model's blocks (no LoRA adapter)
 
 
 class _Unit:

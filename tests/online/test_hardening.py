@@ -76,12 +76,6 @@ def test_many_concurrent_requests_get_answers_never_a_500(service: Service, work
     service.wait(lambda: len(usage_rows(service, "team-flood")) == 150, 60, "150 usage rows")
 
 
-@pytest.mark.xfail(
-    reason="open (issue 33 item 1): on this stack the third request got a 200 while both "
-    "frozen streams had sent their first chunk; AIPerf at concurrency 256 does get the cap's "
-    "429s (bench/online_load.py). Not yet explained.",
-    strict=False,
-)
 def test_a_project_past_its_in_flight_cap_gets_a_429_others_do_not(
     service: Service, worker: Worker
 ) -> None:
@@ -112,17 +106,36 @@ def test_a_project_past_its_in_flight_cap_gets_a_429_others_do_not(
 
     def stream() -> None:
         with httpx.stream("POST", path, json=long, headers=as_mine, timeout=120) as response:
-            firsts.append(next(response.iter_lines()))
+            # The iterator is kept: dropped, its generator's close would close the
+            # connection, and the server would end the stream as the client gone.
+            lines = response.iter_lines()
+            firsts.append(next(lines))
             leave.wait(120)
 
     readers = [threading.Thread(target=stream) for _ in range(2)]
-    # Frozen, and run a slice at a time until both streams are under way: neither can end
-    # before the third request comes, however fast the engine is.
+    client = redis.Redis.from_url(REDIS)
+    prefix = f"{service.env['BATCHWRIGHT_QUEUE']}:online"
+    before = set(client.scan_iter(f"{prefix}:events:*"))
+
+    def both_streaming() -> bool:
+        # Each request's events as the worker adds them (the API trims what it has read,
+        # so the count ever added): its Started and a first Delta.
+        keys = set(client.scan_iter(f"{prefix}:events:*")) - before
+        added = [_added(client, k) for k in keys]
+        return len(added) == 2 and all(n >= 2 for n in added)
+
+    # Both requests wait for the frozen worker, which then runs a slice at a time until
+    # both have a first delta in Redis, and stays frozen while the clients read it:
+    # neither stream can end (and give its slot back) before the third request comes.
+    # Stepped until the clients had read their first lines, the worker could run a
+    # stream's 400 tokens out while a first line was on its way through the API.
     held.proc.signal_group(signal.SIGSTOP)
     try:
         for t in readers:
             t.start()
-        step_until(held, lambda: len(firsts) == 2)
+        service.wait(lambda: client.llen(f"{prefix}:pending:demo-b") == 2, 60, "both queued")
+        step_until(held, both_streaming)
+        service.wait(lambda: len(firsts) == 2, 60, "both first chunks read")
         assert all(f.startswith('data: {"id"') for f in firsts), firsts  # two streams
         third = httpx.post(path, json=short, headers=as_mine, timeout=60)
         assert third.status_code == 429, third.text
@@ -140,11 +153,16 @@ def test_a_project_past_its_in_flight_cap_gets_a_429_others_do_not(
         api.stop()
         held.proc.stop()
         # Its liveness would outlast the test: it is gone, say so (as its TTL would).
-        client = redis.Redis.from_url(REDIS)
-        prefix = f"{service.env['BATCHWRIGHT_QUEUE']}:online"
         for name in client.scan_iter(f"{prefix}:worker:*"):
             if client.get(name) == b'["demo-b"]':
                 client.delete(name)
+
+
+def _added(client: redis.Redis, key: bytes) -> int:
+    try:
+        return int(client.xinfo_stream(key)["entries-added"])
+    except redis.ResponseError:  # gone since it was listed
+        return 0
 
 
 def test_a_huge_schema_is_refused_before_any_check(service: Service, worker: Worker) -> None:

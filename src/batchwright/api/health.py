@@ -8,11 +8,12 @@ from sqlalchemy import text
 from batchwright.api.deps import ProjectDep, SettingsDep
 from batchwright.api.metrics import metrics_reader
 from batchwright.api.responses import JSONBody
-from batchwright.db.session import get_engine
+from batchwright.catalog import registry
+from batchwright.db.session import get_engine, session_scope
 from batchwright.errors import NotFound
 from batchwright.protocol.batches import ListObject, Model
-from batchwright.registry import load_registry
-from batchwright.worker.heartbeat import model_capacity
+from batchwright.registry import Registry
+from batchwright.worker.heartbeat import adapter_holders, model_capacity, model_refusals
 
 router = APIRouter()
 
@@ -49,20 +50,42 @@ def ready(request: Request, settings: SettingsDep) -> JSONBody:
     reader = metrics_reader(request.headers.get("authorization"), settings)
     if checks["database"] == "ok" and settings.broker_url and reader:
         body["models"] = model_capacity(settings)  # live workers per model
+        with session_scope() as session:
+            reg, held = registry(session, settings), adapter_holders(session, settings)
+        # LoRA adapters: their base, and live workers holding them (read or in a slot).
+        body["adapters"] = {
+            name: {"base": a.base, "loaded_on": held.get(name, 0)}
+            for name, a in sorted(reg.adapters.items())
+        }
     return JSONBody(body, status_code=200 if ok else 503)
 
 
 @router.get("/v1/models", tags=["models"])
 def list_models(_: ProjectDep, settings: SettingsDep) -> ListObject[Model]:
     live = model_capacity(settings) if settings.broker_url else {}
-    data = [Model(id=name, live_workers=live.get(name)) for name in load_registry(settings).names]
+    refused = model_refusals(settings) if settings.broker_url else {}
+    reg = registry(None, settings)
+    data = [_model(reg, name, live.get(name), refused.get(name)) for name in reg.all_names]
     return ListObject[Model](data=data, first_id=data[0].id, last_id=data[-1].id)
 
 
 @router.get("/v1/models/{model_id}", tags=["models"])
 def retrieve_model(model_id: str, _: ProjectDep, settings: SettingsDep) -> Model:
-    if load_registry(settings).get(model_id) is None:
+    reg = registry(None, settings)
+    if reg.serving(model_id) is None:
         raise NotFound(
             f"The model '{model_id[:200]}' does not exist.", param="model", code="model_not_found"
         )
-    return Model(id=model_id)
+    return _model(reg, model_id, None)
+
+
+def _model(reg: Registry, name: str, live: int | None, refused: str | None = None) -> Model:
+    adapter = reg.adapters.get(name)
+    if adapter is not None and refused is None:
+        refused = None  # an adapter is served by its base's workers
+    return Model(
+        id=name,
+        live_workers=live,
+        parent=adapter.base if adapter else None,
+        unavailable=refused,
+    )

@@ -56,8 +56,10 @@ def validate(session: Session, batch: Batch, registry: Registry, settings: Setti
     if outcome.rejected == outcome.total:
         enqueue(session, FINALIZE, batch.id)
     else:
-        newcomers.announce(session, str(batch.model))
-        routing.wake(session, str(batch.model))
+        # A LoRA adapter's lines are its base model's workers' to claim.
+        base = registry.base_of(str(batch.model))
+        newcomers.announce(session, base)
+        routing.wake(session, base)
 
 
 def start_cancel(session: Session, batch: Batch) -> None:

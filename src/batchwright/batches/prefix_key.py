@@ -1,6 +1,6 @@
 """A line's prefix key: what claims group a batch's lines by (validation records it).
 
-The engine reuses the keys and values of a shared token prefix (engine/prefix.py), best
+The engine reuses the keys and values of a shared token prefix (engine/kv/prefix.py), best
 when the lines that share it run together on one worker. Validation cannot tokenize (it
 runs without the model), so the key is a digest of the prompt's start: its first
 `PREFIX_CHARS` characters, or first `PREFIX_IDS` token ids for a token prompt, of the first

@@ -55,7 +55,7 @@ class TokenCounter:
     """Counts a line's enqueued tokens for one model."""
 
     def __init__(self, registry: Registry, model: str | None) -> None:
-        spec = registry.get(model) if model else None
+        spec = registry.serving(model) if model else None  # an adapter: its base's tokenizer
         self.tokenizer = _tokenizer(str(spec.path)) if spec is not None else None
         self.context = (spec.context_length if spec else None) or (
             _context_length(str(spec.path)) if spec else _DEFAULT_CONTEXT

@@ -21,6 +21,7 @@ from batchwright.files.storage import iter_lines
 from batchwright.protocol.embeddings import EmbeddingRequest
 from batchwright.protocol.endpoints import ENDPOINTS, LineRequest, check_body, task_error
 from batchwright.registry import Registry
+from batchwright.worker import heartbeat
 
 MAX_REPORTED_ERRORS = 100
 INSERT_BATCH = 1000
@@ -147,6 +148,7 @@ def scan_input(session: Session, batch: Batch, registry: Registry, settings: Set
         return len(out.errors) >= MAX_REPORTED_ERRORS
 
     max_lines = settings.max_batch_lines
+    refusals = heartbeat.refusals(session, settings) if settings.broker_url else {}
     lines = iter_lines(session, batch.input_file_id, settings.max_line_bytes)
     for line_no, raw in enumerate(lines, start=1):
         if raw is None:
@@ -190,13 +192,13 @@ def scan_input(session: Session, batch: Batch, registry: Registry, settings: Set
             continue
         seen.add(custom_id)
         model = body["model"]
-        if registry.get(model) is None:
+        if registry.serving(model) is None:
             if fail(
                 LineError(
                     "model_not_found",
                     line_no,
                     f"Line {line_no}: model {model[:64]!r} does not exist here; "
-                    f"available: {', '.join(registry.names)}.",
+                    f"available: {', '.join(registry.all_names)}.",
                     "body.model",
                 )
             ):
@@ -209,6 +211,19 @@ def scan_input(session: Session, batch: Batch, registry: Registry, settings: Set
             if why is not None:
                 # Every line of the file would fail the same way: the file's problem.
                 fail(LineError("invalid_model", line_no, f"Line {line_no}: {why}", "body.model"))
+                break
+            why = refusals.get(model)
+            if why is not None:
+                # Every live worker of the model refused it at load: the batch would wait
+                # for a worker that will never take it.
+                fail(
+                    LineError(
+                        "model_unavailable",
+                        line_no,
+                        f"Line {line_no}: model {model[:64]!r} cannot be served here: {why}",
+                        "body.model",
+                    )
+                )
                 break
         elif model != out.model:
             if fail(

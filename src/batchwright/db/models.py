@@ -239,12 +239,32 @@ class WorkerHeartbeat(Base):
     # those it has loaded so far.
     models: Mapped[str] = mapped_column(Text)
     loaded: Mapped[str] = mapped_column(Text, default="")
+    # Models it refused at load and why, as a JSON object (engine/loading/model_support.py): it
+    # does not take work for them, and /v1/models and validation say why.
+    refused: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # Comma-separated LoRA adapters it holds (read and in device slots), engine/lora/.
+    adapters: Mapped[str] = mapped_column(Text, default="")
     control: Mapped[bool] = mapped_column(default=True)
     rows_in_flight: Mapped[int] = mapped_column(Integer, default=0)
     tokens_per_second: Mapped[float] = mapped_column(Float, default=0.0)
     lines_completed: Mapped[int] = mapped_column(BigInteger, default=0)
     started_at: Mapped[float] = mapped_column(Float)
     last_seen: Mapped[float] = mapped_column(Float, index=True)
+
+
+class LoraAdapter(Base):
+    """A LoRA adapter added at run time (`batchwright adapters add`): a model name served
+    in its base model's forward (catalog/, engine/lora/). `path` is the PEFT folder on
+    the base's workers."""
+
+    __tablename__ = "lora_adapters"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    base: Mapped[str] = mapped_column(String(200), index=True)
+    path: Mapped[str] = mapped_column(Text)
+    rank: Mapped[int] = mapped_column(Integer)
+    target_modules: Mapped[str] = mapped_column(Text)  # comma-separated, as checked
+    created_at: Mapped[int] = mapped_column(BigInteger)
 
 
 class WebhookEndpoint(Base):

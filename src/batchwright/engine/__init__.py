@@ -7,3 +7,7 @@ objects of its results are built by `batchwright.serving`. Layers (engine > sche
 runner | output > loading > attention > kv > requests > sampling | text > platform) are
 checked by import-linter. Semantics and batching design: docs/engine.md.
 """
+
+from batchwright.engine.platform.import_noise import quiet
+
+quiet()

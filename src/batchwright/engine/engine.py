@@ -55,6 +55,10 @@ class Engine:
         self._tok = lm.tokenizer
         self.text = Text(lm.tokenizer)
         self.grammars = Grammars(lm.tokenizer, lm.vocab_size, lm.eos_ids)
+        self.observers: list[Observer] = []
+        self.forward = Forward(lm, spec, self.observers)
+        # LoRA adapters in this model's forward (engine/lora/), None with max_loras 0.
+        self.lora = self.forward.lora
         self.prepare = Preparer(
             tokenizer=lm.tokenizer,
             chat_template=lm.chat_template,
@@ -64,9 +68,8 @@ class Engine:
             context_length=lm.context_length,
             eos_ids=lm.eos_ids,
             grammar=self.grammars.request,
+            adapter=self.lora.store.request if self.lora is not None else None,
         )
-        self.observers: list[Observer] = []
-        self.forward = Forward(lm, spec, self.observers)
         self._runner: ModelRunner | None = None
         self._running = False  # a run holds the runner
         self.start = functools.partial(

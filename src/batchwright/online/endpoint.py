@@ -30,6 +30,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from batchwright.api.responses import JSONBody
+from batchwright.catalog import cached_registry
 from batchwright.errors import APIError, InvalidRequest, NotFound, Unavailable
 from batchwright.online.admission import Caller, admit
 from batchwright.online.body import ClientGone, read_body
@@ -40,7 +41,6 @@ from batchwright.online.requests import check_request, refused, relay_request
 from batchwright.online.runtime import Runtime, runtime
 from batchwright.protocol.embeddings import EmbeddingRequest
 from batchwright.protocol.endpoints import CHAT, COMPLETIONS, EMBEDDINGS, task_error
-from batchwright.registry import load_registry
 from batchwright.relay.api_side import Follower
 from batchwright.relay.messages import WORKER_LOST, Delta, Done, Event, Failed
 from batchwright.relay.reader import ReaderDown
@@ -126,12 +126,12 @@ async def _serve(
         raise checked.error or InvalidRequest("The request body is not valid.")
     req, body = checked.req, checked.body
     call.stream = bool(getattr(req, "stream", False))  # never for embeddings
-    registry = await run_in_threadpool(load_registry, rt.settings)
-    spec = registry.get(req.model)
+    registry = await run_in_threadpool(cached_registry, rt.settings)
+    spec = registry.serving(req.model)
     if spec is None:
         raise NotFound(
             f"The model '{req.model[:200]}' does not exist here; available: "
-            f"{', '.join(registry.names)}.",
+            f"{', '.join(registry.all_names)}.",
             param="model",
             code="model_not_found",
         )
@@ -140,11 +140,13 @@ async def _serve(
     why = task_error(endpoint, req.model, spec.kind)
     if why is not None:
         raise InvalidRequest(why, param="model", code="model_not_supported")
-    await rt.prompt_fits(req)
-    if not await rt.relay.live_workers(req.model):
+    # A LoRA adapter's requests go to its base model's workers (the body keeps its name).
+    base = registry.base_of(req.model)
+    await rt.prompt_fits(req, base)
+    if not await rt.relay.live_workers(base):
         raise Unavailable(
-            f"No worker is serving model '{req.model}' right now (none has a live heartbeat); "
-            f"start one (`batchwright worker --models {req.model}`) or retry later.",
+            f"No worker is serving model '{base}' right now (none has a live heartbeat); "
+            f"start one (`batchwright worker --models {base}`) or retry later.",
             code="model_not_served",
             retry_after=_WORKER_RETRY_SECONDS,
         )
@@ -153,7 +155,7 @@ async def _serve(
     if not decision.allowed:
         raise refused(decision, caller.limits, estimate)
     call.charged_tokens = estimate
-    online = relay_request(call.id, req.model, caller, body, rt.settings)
+    online = relay_request(call.id, base, caller, body, rt.settings)
     follower = await rt.relay.submit(online)
     try:
         first = await _unless_gone(request, lambda: _first_output(follower, rt))

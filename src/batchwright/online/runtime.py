@@ -41,13 +41,14 @@ class Runtime:
         await self.relay.close()
         await self.relay.redis.aclose()
 
-    async def prompt_fits(self, req: LineRequest) -> None:
-        """Raises the 400 of a text prompt the model's context cannot hold."""
+    async def prompt_fits(self, req: LineRequest, model: str) -> None:
+        """Raises the 400 of a text prompt the context of `model` (the one whose workers
+        serve it: a LoRA adapter's base) cannot hold."""
         now = time.monotonic()
-        at, limits = self._limits.get(req.model, (0.0, None))
+        at, limits = self._limits.get(model, (0.0, None))
         if now - at > _LIMITS_SECONDS:
-            limits = await self.relay.model_limits(req.model)
-            self._limits[req.model] = (now, limits)
+            limits = await self.relay.model_limits(model)
+            self._limits[model] = (now, limits)
         error = prompt_too_large(req, limits)
         if error is not None:
             raise error

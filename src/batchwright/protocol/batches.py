@@ -146,3 +146,8 @@ class Model(OpenAIBaseModel):
     owned_by: str = "batchwright"
     # Extension: workers with a live heartbeat serving this model (0: batches wait).
     live_workers: int | None = None
+    # Extension: why no worker serves it (a worker refused it at load, in one line);
+    # batches for it fail at validation with code `model_unavailable` while this is set.
+    unavailable: str | None = None
+    # A LoRA adapter's base model (as vLLM lists adapters); None for a whole model.
+    parent: str | None = None

@@ -76,7 +76,7 @@ def show(value: Any) -> str:
 
 
 # Characters of one stop sequence. Every step of a row holds back what may still become
-# one (engine/stop.py); a megabyte stop made that hold-back, and the search, the row's
+# one (engine/text/stop.py); a megabyte stop made that hold-back, and the search, the row's
 # biggest cost. Longer than any delimiter a prompt format or eval harness uses.
 MAX_STOP_CHARS = 1024
 

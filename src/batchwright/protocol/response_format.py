@@ -4,7 +4,7 @@ OpenAI takes it on /v1/chat/completions; batchwright takes the same object on
 /v1/completions lines too (an extension). Torch-free: every reader checks the schema's
 size (schema_bounds.py); the API and the validating worker (a validation context with
 `check_schema`) also check that it is a JSON Schema; whether the grammar library can
-compile it is the engine's call (engine/grammar.py), a 400 naming `response_format` too.
+compile it is the engine's call (engine/sampling/grammar.py), a 400 naming `response_format` too.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class JSONSchemaFormat(BaseModel):
         if error is None and info.context and info.context.get("check_schema"):
             # Against the metaschema where a body comes in (the API, a batch's validation);
             # the engine reads bodies checked there and leaves the rest to the grammar
-            # compile, off its thread (engine/grammar.py).
+            # compile, off its thread (engine/sampling/grammar.py).
             error = _schema_error(v)
         if error is not None:
             raise ValueError(error)

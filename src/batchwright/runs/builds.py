@@ -59,7 +59,7 @@ class _WhileRunning(logging.Filter):
 
 
 def _kernel_wanted(spec: ModelSpec) -> bool:
-    """The engine's condition (engine/loader.py): float32 models on the CPU; an embedding
+    """The engine's condition (engine/loading/loader.py): float32 models on the CPU; an embedding
     model decodes nothing and never loads it."""
     if spec.kind == "embed":
         return False

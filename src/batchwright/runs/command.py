@@ -43,6 +43,7 @@ def run_command(
         os.write(2, b"stopped at once; the saved state is kept\n")
 
     interrupt.install(on_second=stopped_at_once)
+    from batchwright.engine.requests.types import ModelRefused
     from batchwright.runs.embedded import RunInterrupted, RunOptions, run_file
     from batchwright.runs.report import print_report
 
@@ -60,6 +61,10 @@ def run_command(
     except (InputProblem, StateBusy) as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from None
+    except ModelRefused as exc:
+        # One line, before any state: the architecture and what the engine lacks.
+        err.print(f"[red]error:[/red] cannot serve this model: {escape(str(exc))}")
+        raise typer.Exit(2) from None
     finally:
         interrupt.uninstall()
     print_report(out, result.batch, result.output_path, result.error_path)

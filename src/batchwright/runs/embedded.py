@@ -28,6 +28,7 @@ from batchwright.files.storage import ChunkWriter
 from batchwright.protocol.batches import BatchObject, CreateBatch
 from batchwright.protocol.endpoints import file_endpoint
 from batchwright.runs.interrupt import Interrupt
+from batchwright.runs.models import preload
 from batchwright.runs.outputs import check_paths, default_paths, export
 from batchwright.runs.progress import LiveCounts, RunView
 from batchwright.runs.state import READ_BYTES, RunState, inspect_input
@@ -132,6 +133,8 @@ def run_file(
     settings = get_settings()
     outbox.install()  # the service's own code paths, its hooks included
     info = inspect_input(input_path)
+    # A model the engine refuses is known before the run touches any state.
+    preload(input_path, console or Console(stderr=True, highlight=False))
     state = RunState(settings.home, input_path)
     state.acquire()
     try:

@@ -27,11 +27,16 @@ class Wire:
         result.job = None
         engine = self.engine
         text = engine.text
+        # A LoRA adapter's line answers as the adapter, its fingerprint the adapter's too.
+        model, fingerprint = engine.model_name, engine.system_fingerprint
+        if job.adapter is not None and job.lora is not None:
+            model = job.adapter
+            fingerprint = job.lora.result().fingerprint(fingerprint)
         if job.endpoint == CHAT:
             result.completion = build_chat_completion(
                 job,
-                model=engine.model_name,
-                fingerprint=engine.system_fingerprint,
+                model=model,
+                fingerprint=fingerprint,
                 decode=text.decode,
                 tok=text.token_text,
                 piece=text.token_piece,
@@ -40,8 +45,8 @@ class Wire:
         else:
             result.completion = build_completion(
                 job,
-                model=engine.model_name,
-                fingerprint=engine.system_fingerprint,
+                model=model,
+                fingerprint=fingerprint,
                 decode=text.decode,
                 tok=text.token_text,
                 piece=text.token_piece,

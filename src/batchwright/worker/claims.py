@@ -12,11 +12,13 @@ from typing import Any, NamedTuple
 import orjson
 from sqlalchemy import bindparam, select, update
 
+from batchwright import catalog
 from batchwright.config import Settings
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.db.session import session_scope
 from batchwright.engine.requests.types import GenRequest
 from batchwright.worker import budget, fairshare, metrics, newcomers
+from batchwright.worker.adapters import adapter_of
 from batchwright.worker.budget import is_out_of_memory
 from batchwright.worker.cancels import CancelWatch
 
@@ -132,7 +134,10 @@ class Lease:
         with session_scope() as session:
             now = set(
                 session.scalars(
-                    select(Batch.id).where(Batch.model == self.model, Batch.status == "in_progress")
+                    select(Batch.id).where(
+                        Batch.model.in_(catalog.family(session, self.model)),
+                        Batch.status == "in_progress",
+                    )
                 )
             )
         started = now - seen
@@ -144,7 +149,12 @@ class Lease:
             if (row.id, row.batch_id) in self.cancels:
                 continue  # cancelled between its claim and the engine asking for it
             body: dict[str, Any] = orjson.loads(row.body)
-            yield GenRequest(key=(row.id, row.batch_id), body=body, group=row.batch_id)
+            yield GenRequest(
+                key=(row.id, row.batch_id),
+                body=body,
+                group=row.batch_id,
+                adapter=adapter_of(body, self.model),
+            )
 
     def _renew(self) -> None:
         with session_scope() as session:

@@ -5,11 +5,11 @@ per model runs `Engine.run` for as long as the worker lives. A `process` task at
 its lease to it (`run_lease`: the lease's lines go in, its results come out, its cancels
 drop lines, all called from the loop's thread) and waits until every line it handed over
 has come back; online requests reach the same loop through `online.OnlineWork`, so one
-is admitted at the loop's next step whether or not a batch is running (engine/online.py
+is admitted at the loop's next step whether or not a batch is running (engine/scheduling/lane.py
 puts it ahead of the batch lines, preempting them if need be).
 
 With nothing to do the loop waits inside its request source for a lease or an online
-request (engine/types.py's WAKE ends that wait for the latter). A lease whose source or
+request (engine/requests/types.py's WAKE ends that wait for the latter). A lease whose source or
 sink fails is detached alone: its lines leave the engine at the next step and the task
 sees the error, as it did when it ran the engine itself; online requests run on. An error
 of the engine itself fails what it held (lease and online requests) and the loop starts
@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
-from batchwright.engine.requests.types import WAKE, GenResult, Wake
+from batchwright.engine.requests.types import WAKE, GenResult, ModelRefused, Wake
 from batchwright.serving.wire import Wire
 from batchwright.worker.claims import is_out_of_memory
 from batchwright.worker.pipeline import Line
@@ -149,8 +149,11 @@ class EngineHost:
             self.online = self._start_online(self)
         try:
             self.engine = self._load()
-        except Exception:
-            log.exception("could not load %s", self.model)
+        except Exception as exc:
+            if isinstance(exc, ModelRefused):  # one line: the architecture and why
+                log.error("model %s refused at load: %s", self.model, exc)
+            else:
+                log.exception("could not load %s", self.model)
             if self.online is not None:
                 self.online.stop()
                 self.online.leave()
@@ -235,7 +238,7 @@ class _Lines:
 
     def __init__(self, host: EngineHost, orders_ahead: bool) -> None:
         self.host = host
-        # A lease process orders its window (engine/intake.py reads it only a little ahead).
+        # A lease process orders its window (scheduling/intake.py reads it a little ahead).
         self.orders_ahead = orders_ahead
 
     def ready(self) -> int:

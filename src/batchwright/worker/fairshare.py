@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from sqlalchemy import ColumnElement, Connection, Select, bindparam, func, or_, select
 from sqlalchemy.orm import Session
 
+from batchwright import catalog
 from batchwright.config import get_settings
 from batchwright.db.models import Batch, BatchRequest, Project
 from batchwright.worker import budget
@@ -73,7 +74,7 @@ def _flows_statement(filters: ColumnElement[bool]) -> Select[str, str, float | N
         .join(Project, Project.id == Batch.project_id)
         .where(
             Batch.status == "in_progress",
-            Batch.model == bindparam("model"),
+            Batch.model.in_(bindparam("models", expanding=True)),
             # Past its window a batch gets no new work: its finalize expires what is left.
             or_(Batch.expires_at.is_(None), Batch.expires_at > bindparam("now")),
             has_queued.exists(),
@@ -104,27 +105,27 @@ _TAKE = {False: _take_statement(budget.BATCHED), True: _take_statement(budget.SU
 _HELD_IN_FLIGHT = (
     select(BatchRequest.batch_id, Batch.project_id, func.count())
     .join(Batch, Batch.id == BatchRequest.batch_id)
-    .where(BatchRequest.state == "running", Batch.model == bindparam("model"))
+    .where(BatchRequest.state == "running", Batch.model.in_(bindparam("models", expanding=True)))
     .group_by(BatchRequest.batch_id, Batch.project_id)
 )
 
 
 def active_flows(
-    conn: Connection, model: str, suspects: bool, limits: dict[str, int], now: float
+    conn: Connection, models: list[str], suspects: bool, limits: dict[str, int], now: float
 ) -> list[Flow]:
     default = get_settings().default_project_weight
-    rows = conn.execute(_FLOWS[suspects], {"model": model, "now": now, **limits}).all()
+    rows = conn.execute(_FLOWS[suspects], {"models": models, "now": now, **limits}).all()
     return [
         Flow(bid, pid, float(w if w is not None else default), created)
         for bid, pid, w, created in rows
     ]
 
 
-def held_in_flight(conn: Connection, model: str) -> tuple[dict[str, int], dict[str, int]]:
-    """Rows in flight for the model: per batch and per project."""
+def held_in_flight(conn: Connection, models: list[str]) -> tuple[dict[str, int], dict[str, int]]:
+    """Rows in flight for the models: per batch and per project."""
     per_batch: dict[str, int] = {}
     per_project: dict[str, int] = defaultdict(int)
-    for batch_id, project_id, count in conn.execute(_HELD_IN_FLIGHT, {"model": model}):
+    for batch_id, project_id, count in conn.execute(_HELD_IN_FLIGHT, {"models": models}):
         per_batch[batch_id] = count
         per_project[project_id] += count
     return per_batch, per_project
@@ -133,15 +134,18 @@ def held_in_flight(conn: Connection, model: str) -> tuple[dict[str, int], dict[s
 def pick(session: Session, model: str, limit: int, *, suspects: bool = False) -> list[int]:
     """Ids of up to `limit` queued lines of `model`, locked (SKIP LOCKED), shared fairly.
 
-    `suspects`: lines that must run alone instead of those that may share (budget.py)."""
+    `suspects`: lines that must run alone instead of those that may share (budget.py).
+    The lines of `model`'s LoRA adapters are its lines too: one share of the model's
+    rows between every project, whichever adapters their batches name."""
     conn = session.connection()
     limits = budget.limits(get_settings(), suspects=suspects)
-    flows = active_flows(conn, model, suspects, limits, time.time())
+    models = catalog.family(session, model)
+    flows = active_flows(conn, models, suspects, limits, time.time())
     if not flows:
         return []
     project_held: dict[str, int] = {}
     if len(flows) > 1:
-        per_batch, project_held = held_in_flight(conn, model)
+        per_batch, project_held = held_in_flight(conn, models)
         for flow in flows:
             flow.held = per_batch.get(flow.batch_id, 0)
     by_id = {f.batch_id: f for f in flows}

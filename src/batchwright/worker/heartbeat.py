@@ -6,11 +6,13 @@ intervals, so a SIGKILLed worker drops out of /readyz, /v1/models and wake-ups o
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sqlalchemy import delete, select
@@ -31,7 +33,11 @@ class WorkerStats:
     lines_completed: int = 0
     tokens: int = 0
     loaded: set[str] = field(default_factory=set)
+    refused: dict[str, str] = field(default_factory=dict)  # model -> why, one line
+    adapters: set[str] = field(default_factory=set)  # LoRA adapters held (engine/lora/)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Called before each beat (the engines' adapter sync: worker/adapters.py).
+    before_beat: list[Callable[[], None]] = field(default_factory=list)
 
     def add(self, *, in_flight: int = 0, lines: int = 0, tokens: int = 0) -> None:
         with self.lock:
@@ -72,12 +78,44 @@ def capacity(session: Session, settings: Settings | None = None) -> dict[str, in
 
 
 def model_capacity(settings: Settings) -> dict[str, int]:
-    """Live workers for every model of the registry (0 where none)."""
-    from batchwright.registry import load_registry
+    """Live workers for every model name (0 where none): an adapter's are its base's."""
+    from batchwright.catalog import registry
 
     with session_scope() as session:
         counts = capacity(session, settings)
-    return {name: counts.get(name, 0) for name in load_registry(settings).names}
+        reg = registry(session, settings)
+    return {name: counts.get(reg.base_of(name), 0) for name in reg.all_names}
+
+
+def adapter_holders(session: Session, settings: Settings | None = None) -> dict[str, int]:
+    """Live workers holding each LoRA adapter (read, or in a device slot)."""
+    counts: dict[str, int] = {}
+    for beat in live(session, settings):
+        for name in (beat.adapters or "").split(","):
+            if name:
+                counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def refusals(session: Session, settings: Settings | None = None) -> dict[str, str]:
+    """Why live workers refused a model at load, for models no live worker serves."""
+    beats = live(session, settings)
+    served = {m for beat in beats for m in model_names(beat)}
+    out: dict[str, str] = {}
+    for beat in beats:
+        try:
+            refused = json.loads(beat.refused) if beat.refused else {}
+        except ValueError:
+            continue
+        for model, why in refused.items():
+            if model not in served:
+                out.setdefault(str(model), str(why))
+    return out
+
+
+def model_refusals(settings: Settings) -> dict[str, str]:
+    with session_scope() as session:
+        return refusals(session, settings)
 
 
 def live_workers(session: Session, model: str, *, idle_only: bool = False) -> int:
@@ -108,10 +146,17 @@ class Heartbeat:
         self._thread.start()
 
     def beat(self) -> None:
+        for hook in list(STATS.before_beat):
+            try:
+                hook()
+            except Exception as exc:  # the database is away: the next beat syncs
+                log.warning("adapter sync failed: %r", exc)
         now_mono = time.monotonic()
         with STATS.lock:
             in_flight, lines, tokens = STATS.rows_in_flight, STATS.lines_completed, STATS.tokens
             loaded = ",".join(sorted(STATS.loaded))
+            refused = dict(STATS.refused)
+            adapters = ",".join(sorted(STATS.adapters))
         then, tokens_then = self._last
         rate = (tokens - tokens_then) / max(now_mono - then, 1e-6)
         self._last = (now_mono, tokens)
@@ -121,8 +166,11 @@ class Heartbeat:
                     id=self.id,
                     host=self.host,
                     pid=self.pid,
-                    models=",".join(self.models),
+                    # A model refused at load is not advertised: no work is sent for it.
+                    models=",".join(m for m in self.models if m not in refused),
                     loaded=loaded,
+                    refused=json.dumps(refused) if refused else "",
+                    adapters=adapters,
                     control=self.control,
                     rows_in_flight=in_flight,
                     tokens_per_second=round(rate, 2),

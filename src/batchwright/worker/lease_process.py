@@ -114,7 +114,7 @@ def _record(stats: dict[str, Any]) -> None:
 
 
 class RemoteLease:
-    """The worker's side: a request source (with `ready()`, engine/intake.py), a result
+    """The worker's side: a request source (with `ready()`, engine/scheduling/intake.py), a result
     sink and the engine's cancel hook, all served by a lease process."""
 
     # Its window is ordered (newcomers first): the engine reads it only a little ahead.

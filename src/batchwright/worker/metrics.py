@@ -72,17 +72,22 @@ def handed(model: str, n: int) -> None:
 
 
 def finished(model: str, results: Sequence[GenResult]) -> None:
-    ok = sum(1 for r in results if r.status_code == 200)
-    prompt = sum(r.prompt_tokens for r in results)
+    # Lines and tokens by the name each result answers for (a LoRA adapter's own).
+    by_name: dict[str, list[GenResult]] = {}
+    for r in results:
+        name = r.completion.get("model") if r.completion else None
+        by_name.setdefault(name if isinstance(name, str) else model, []).append(r)
+    for name, rs in by_name.items():
+        ok = sum(1 for r in rs if r.status_code == 200)
+        LINES.labels(name, "completed").inc(ok)
+        LINES.labels(name, "failed").inc(len(rs) - ok)
+        PROMPT_TOKENS.labels(name).inc(sum(r.prompt_tokens for r in rs))
+        GENERATED_TOKENS.labels(name).inc(sum(r.completion_tokens for r in rs))
     generated = sum(r.completion_tokens for r in results)
     # Embedding results generate nothing: their work is the tokens embedded.
     embedded = sum(
         r.prompt_tokens for r in results if r.completion and r.completion.get("object") == "list"
     )
-    LINES.labels(model, "completed").inc(ok)
-    LINES.labels(model, "failed").inc(len(results) - ok)
-    PROMPT_TOKENS.labels(model).inc(prompt)
-    GENERATED_TOKENS.labels(model).inc(generated)
     IN_FLIGHT.labels(model).dec(len(results))
     STATS.add(in_flight=-len(results), lines=len(results), tokens=generated + embedded)
 

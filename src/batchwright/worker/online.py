@@ -6,13 +6,13 @@ Two threads talk to Redis so that the engine's never does:
   back what dead workers of the model held (the reaper), and takes requests while the
   engine has rows for them: requests beyond `max_rows` in flight stay in Redis, where any
   other live worker of the model may take them. Taken requests wait in an inbox for the
-  engine's next step (`take`, engine/online.py);
+  engine's next step (`take`, engine/scheduling/lane.py);
 - the publisher sends what the engine's steps queued (`Started` when the engine has a
   request, one `Delta` per streamed request and step, `Done` or `Failed` at its end) in
   one pipeline per wake-up, takes ended requests off the worker's taken list after their
   last event, and polls the ids the API gave up (one MGET) for the engine's next step.
 
-The engine's thread only queues events and reads the cancels found (engine/online.py's
+The engine's thread only queues events and reads the cancels found (engine/scheduling/lane.py's
 OnlineFeed, and `finished`/`cancelled` for the host): a step never waits on a round trip.
 """
 
@@ -42,6 +42,7 @@ from batchwright.relay.messages import (
 )
 from batchwright.relay.worker_side import Taken, WorkerEvent
 from batchwright.worker import metrics
+from batchwright.worker.adapters import adapter_of
 
 if TYPE_CHECKING:
     from batchwright.engine.engine import Engine
@@ -268,7 +269,7 @@ class OnlineWork:
             with self._lock:
                 self._lock.notify_all()
 
-    # --- the engine's feed (engine/online.py's OnlineFeed), in the engine's thread ---------
+    # --- the engine's feed (engine/requests/feed.py's OnlineFeed), in the engine's thread ---
 
     def waiting(self) -> bool:
         return bool(self._inbox)
@@ -280,7 +281,7 @@ class OnlineWork:
         """The request parsed and tokenized here, off the engine's thread; a failure of
         the preparer fails this request alone."""
         body = {k: v for k, v in r.body.items() if k not in _STREAM_FIELDS}
-        line = GenRequest(r.id, body, stream=r.streamed)
+        line = GenRequest(r.id, body, stream=r.streamed, adapter=adapter_of(body, self.model))
         prepare = getattr(self.host.engine, "prepare", None)
         if prepare is None:  # an embedding model's runner takes the line as it is
             return line  # type: ignore[return-value]

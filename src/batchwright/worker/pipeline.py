@@ -115,7 +115,7 @@ class ReadAhead:
                 close()  # the generator runs (and ends) in this thread
 
     def ready(self) -> int:
-        """Requests the engine can take now without waiting (engine/intake.py)."""
+        """Requests the engine can take now without waiting (engine/scheduling/intake.py)."""
         return len(self._items)
 
     def at_end(self) -> bool:
@@ -294,7 +294,7 @@ def generate(
     """Run `engine` on the lease's lines; returns how many results landed. `cancelled`:
     the engine's cancel hook (Engine.run(requests, cancelled=...)), passed through.
     `host`: the model's engine loop (worker/engine_host.py) runs them instead."""
-    # The engine's window (engine/intake.py) hides a claim's latency; lines queued here
+    # The engine's window (engine/scheduling/intake.py) hides a claim's latency; lines queued here
     # are ahead of a newcomer's (claims.py), so only a few wait here.
     writer = ResultWriter(lease.token, model, settings.result_queue_size, settings.lease_seconds)
     depth = max(1, settings.claim_batch_size // 8)

@@ -56,6 +56,8 @@ def wake(session: Session, model: str, *, idle_only: bool = False) -> int:
 
     A batch so starts on every worker that can take it at once instead of one worker now
     and the rest at the next sweep. `idle_only` (the sweeper) skips workers busy already.
+    `model` is a queue's model: a LoRA adapter's lines wake its base's workers (callers
+    pass the base).
     """
     count = max(1, heartbeat.live_workers(session, model, idle_only=idle_only))
     for _ in range(count):

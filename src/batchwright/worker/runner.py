@@ -9,8 +9,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from batchwright.config import Settings, get_settings
+from batchwright.engine.requests.types import ModelRefused
 from batchwright.registry import ModelSpec, Registry, load_registry
-from batchwright.worker import lease_process, metrics, pipeline, routing
+from batchwright.worker import adapters, heartbeat, lease_process, metrics, pipeline, routing
 from batchwright.worker.claims import Lease, is_out_of_memory
 from batchwright.worker.dispatch import FINALIZE, PROCESS, get_dispatcher
 
@@ -43,15 +44,23 @@ def _load(spec: ModelSpec) -> Engine:
         from batchwright.engine.engine import Engine
 
         # A worker holds only the models it was started with (--models), each loaded once.
-        if spec.kind == "embed":
-            from batchwright.engine.embed.engine import EmbedEngine
-            from batchwright.worker.embedding import EmbeddingRunner
+        try:
+            if spec.kind == "embed":
+                from batchwright.engine.embed.engine import EmbedEngine
+                from batchwright.worker.embedding import EmbeddingRunner
 
-            # The same contract (run, max_rows, lm) over the embedding engine.
-            _engines[spec.name] = EmbeddingRunner(EmbedEngine.load(spec))  # type: ignore[assignment]
-        else:
-            _engines[spec.name] = Engine.load(spec)
+                # The same contract (run, max_rows, lm) over the embedding engine.
+                _engines[spec.name] = EmbeddingRunner(EmbedEngine.load(spec))  # type: ignore[assignment]
+            else:
+                _engines[spec.name] = Engine.load(spec)
+        except ModelRefused as exc:
+            # Known at load, before any line is claimed: the heartbeat stops advertising
+            # the model and says why (/v1/models, batch validation).
+            with heartbeat.STATS.lock:
+                heartbeat.STATS.refused[spec.name] = str(exc)
+            raise
         set_cpu_threads(_engines[spec.name], get_settings())
+        adapters.attach(_engines[spec.name], spec.name, get_settings())
         metrics.instrument(_engines[spec.name], spec.name)
         metrics.loaded(spec.name)
     return _engines[spec.name]
@@ -88,8 +97,8 @@ def process(
     one the lease runs the engine itself."""
     settings = get_settings()
     spec = (registry or load_registry(settings)).get(model)
-    if spec is None or not routing.serves(model, settings):
-        return 0
+    if spec is None or not routing.serves(model, settings) or model in heartbeat.STATS.refused:
+        return 0  # a model this process refused at load takes no lines here
     engine = engine_provider(spec)
     landed = 0
     try:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from batchwright.engine.attention.native import paged_attention_kernel
+from batchwright.engine.attention.variants import PLAIN, Variant, attend, with_sinks
 
 
 @dataclass(eq=False)
@@ -66,9 +67,26 @@ def varlen(
     args: VarlenArgs,
     scale: float,
     gqa: bool,
+    variant: Variant = PLAIN,
 ) -> torch.Tensor:
-    """[tokens, heads, dim] for every query token of the packed row, in one call."""
-    return VARLEN_IMPL(
+    """[tokens, heads, dim] for every query token of the packed row, in one call. A
+    window is FlashAttention's (W - 1 to the left, none to the right); sinks rescale the
+    output by its log-sum-exp. Soft-capping is not there: the loader picks the reference
+    backend for models that use it."""
+    assert variant.softcap is None, "varlen_attn has no soft-capping"
+    if variant.window is not None:
+        window = (variant.window - 1, 0)
+    else:
+        # Causal, aligned bottom-right (a decode row sees all its keys). With one query a
+        # row, causal is full attention: say so, and FlashAttention packs the query heads
+        # that share a key head into one tile (it does only without a window).
+        window = (-1, -1) if args.max_q == 1 else (-1, 0)
+    extra: dict[str, Any] = {}
+    if variant.sinks is not None:
+        from torch.nn.attention.varlen import AuxRequest
+
+        extra["return_aux"] = AuxRequest(lse=True)
+    out = VARLEN_IMPL(
         q,
         kpool,
         vpool,
@@ -77,14 +95,16 @@ def varlen(
         args.max_q,
         args.max_k,
         scale=scale,
-        # Causal, aligned bottom-right (a decode row sees all its keys). With one query a
-        # row, causal is full attention: say so, and FlashAttention packs the query heads
-        # that share a key head into one tile (it does only without a window).
-        window_size=(-1, -1) if args.max_q == 1 else (-1, 0),
+        window_size=window,
         enable_gqa=gqa,
         seqused_k=args.seqused,
         block_table=args.table,
+        **extra,
     )
+    if variant.sinks is None:
+        return out
+    attended, lse = out
+    return with_sinks(attended, lse, variant.sinks)
 
 
 def native(
@@ -94,12 +114,26 @@ def native(
     table: torch.Tensor,
     lens: torch.Tensor,
     scale: float,
+    variant: Variant = PLAIN,
     tiles: bool = True,
 ) -> torch.Tensor:
     """`tiles` False: each row's bits independent of its neighbours (loading/invariance.py)."""
     kernel = paged_attention_kernel()
     assert kernel is not None, "the native backend needs the compiled kernel"
-    return kernel(q, kpool, vpool, table, lens, scale, tiles)
+    if variant is PLAIN:
+        return kernel(q, kpool, vpool, table, lens, scale, tiles=tiles)
+    return kernel(
+        q,
+        kpool,
+        vpool,
+        table,
+        lens,
+        scale,
+        window=variant.window or 0,
+        softcap=variant.softcap or 0.0,
+        sinks=variant.sinks,
+        tiles=tiles,
+    )
 
 
 def gather(
@@ -128,21 +162,26 @@ def reference(
     lens: list[int],
     scale: float,
     gqa: bool,
+    variant: Variant = PLAIN,
 ) -> torch.Tensor:
     """Decode attention by page gather and SDPA, one call per run of rows; rows in no run
     (dead slots) get zeros. [rows, heads, dim]."""
     out = q.new_zeros((q.shape[0], q.shape[1], vpool.shape[-1]))
+    window = variant.window
     for a, b, w in runs:
         run_lens = torch.as_tensor(lens[a:b])
         keys = gather(kpool, table[a:b], w, run_lens)
         values = gather(vpool, table[a:b], w, run_lens)
-        mask = None
-        if any(n < w for n in lens[a:b]):
-            short = torch.arange(w)[None, :] >= torch.as_tensor(lens[a:b])[:, None]
-            mask = torch.zeros(short.shape, dtype=q.dtype).masked_fill_(short, float("-inf"))
-            mask = mask.to(q.device)[:, None, None, :]
+        cols = torch.arange(w)[None, :]
+        hidden = cols >= run_lens[:, None]
+        if window is not None:
+            hidden |= cols < run_lens[:, None] - window
+        if not variant.plain or bool(hidden.any()):
+            allowed = (~hidden).to(q.device)[:, None, None, :]
+            out[a:b] = attend(q[a:b, :, None], keys, values, allowed, scale, variant, gqa)[:, :, 0]
+            continue
         out[a:b] = F.scaled_dot_product_attention(
-            q[a:b, :, None], keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa
+            q[a:b, :, None], keys, values, scale=scale, enable_gqa=gqa
         )[:, :, 0]
     return out
 
@@ -161,12 +200,17 @@ def varlen_reference(
     enable_gqa: bool = False,
     seqused_k: torch.Tensor | None = None,
     block_table: torch.Tensor | None = None,
-) -> torch.Tensor:
+    return_aux: Any = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """`varlen_attn` with a block table, one SDPA call per sequence: what the CUDA backend
-    computes, runnable anywhere (tests, and bench/step_profile.py on CPU)."""
+    computes, runnable anywhere (tests, and bench/step_profile.py on CPU). A window
+    (left, 0) is FlashAttention's: `left` keys before the query's own; with `return_aux`
+    the log-sum-exp [heads, tokens] comes too."""
     assert seqused_k is not None and block_table is not None
-    causal = tuple(window_size) == (-1, 0)
-    out = torch.empty_like(q)
+    left, right = window_size
+    causal = right == 0
+    lse_out = q.new_zeros((q.shape[1], q.shape[0]), dtype=torch.float32)
+    out = q.new_empty((*q.shape[:2], vpool.shape[-1]))
     starts, used = cu_q.tolist(), seqused_k.tolist()
     for i, n in enumerate(used):
         a, b = starts[i], starts[i + 1]
@@ -175,16 +219,25 @@ def varlen_reference(
         mask = None
         if causal:  # bottom-right aligned: query j sees keys up to n - (b - a) + j
             last = torch.arange(b - a, device=q.device)[:, None] + n - (b - a)
-            mask = torch.arange(n, device=q.device)[None, :] <= last
+            cols = torch.arange(n, device=q.device)[None, :]
+            mask = cols <= last
+            if left >= 0:
+                mask &= cols >= last - left
+        qs = q[a:b].transpose(0, 1)[None]
         att = F.scaled_dot_product_attention(
-            q[a:b].transpose(0, 1)[None],
-            keys,
-            values,
-            attn_mask=mask,
-            scale=scale,
-            enable_gqa=enable_gqa,
+            qs, keys, values, attn_mask=mask, scale=scale, enable_gqa=enable_gqa
         )
         out[a:b] = att[0].transpose(0, 1)
+        if return_aux is not None:
+            ks = keys.repeat_interleave(qs.shape[1] // keys.shape[1], 1) if enable_gqa else keys
+            s = torch.matmul(qs.float(), ks.float().transpose(-1, -2)) * (
+                scale if scale is not None else qs.shape[-1] ** -0.5
+            )
+            if mask is not None:
+                s = s.masked_fill(~mask, float("-inf"))
+            lse_out[:, a:b] = torch.logsumexp(s, dim=-1)[0]
+    if return_aux is not None and return_aux.lse:
+        return out, lse_out
     return out
 
 
@@ -203,7 +256,7 @@ def _varlen_reference_op(
     seqused: torch.Tensor,
     table: torch.Tensor,
 ) -> torch.Tensor:
-    return varlen_reference(
+    out = varlen_reference(
         q,
         kpool,
         vpool,
@@ -217,6 +270,8 @@ def _varlen_reference_op(
         seqused_k=seqused,
         block_table=table,
     )
+    assert isinstance(out, torch.Tensor)
+    return out
 
 
 @_varlen_reference_op.register_fake

@@ -24,17 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from batchwright.engine.attention import backends, prefix_attention
+from batchwright.engine.attention import backends, prefix_attention, variants
 from batchwright.engine.kv.paged import PagedCache
 
 NAME = "batchwright"
-# Attention variants some architectures pass per layer that this implementation lacks.
-_UNSUPPORTED = ("sliding_window", "softcap", "s_aux")
 
 
 Run = tuple[int, int, int]  # rows [start, end) attending over their first `width` tokens
@@ -62,6 +59,9 @@ class Step:
 
 
 _PLAN: ContextVar[Step | None] = ContextVar("batchwright_attention_plan", default=None)
+# Set while the loader probes the model (model_support.py): each call without a plan is
+# reported as (module, query, key, value, keyword arguments).
+PROBE: ContextVar[Any] = ContextVar("batchwright_attention_probe", default=None)
 # The model's forward hands its keyword arguments down to the attention: a compiled
 # forward (compiled.py) passes the plan this way, since torch.compile cannot read a
 # ContextVar.
@@ -133,26 +133,52 @@ def attention(
     if plan is None:
         plan = _PLAN.get()
     if plan is None:
-        out: tuple[torch.Tensor, None] = sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        probe = PROBE.get()
+        if probe is not None:
+            probe(module, query, key, value, kwargs)
+        variant = variants.variant_of(kwargs)
+        if variant.plain:
+            kwargs.pop("sliding_window", None)  # the mask transformers built holds it
+            out: tuple[torch.Tensor, None] = sdpa_attention_forward(
+                module,
+                query,
+                key,
+                value,
+                attention_mask,
+                dropout=dropout,
+                scaling=scaling,
+                **kwargs,
+            )
+            return out
+        # Soft-capping and sinks, which SDPA lacks, over the mask transformers built.
+        allowed = attention_mask
+        if allowed is not None and allowed.dtype != torch.bool:
+            allowed = allowed > torch.finfo(allowed.dtype).min / 2
+        causal = allowed is None and query.shape[2] > 1
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        attended = variants.attend(
+            query,
+            key,
+            value,
+            allowed,
+            scale,
+            variant,
+            query.shape[1] != key.shape[1],
+            causal=causal,
         )
-        return out
-    unsupported = [k for k in _UNSUPPORTED if kwargs.get(k) is not None]
-    if unsupported:
-        # Silently ignoring a sliding window, logit soft-capping or attention sinks would
-        # give wrong text; refuse instead.
-        raise NotImplementedError(f"batchwright attention does not support {unsupported}")
+        return attended.transpose(1, 2), None
     gqa = query.shape[1] != key.shape[1]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     layer = int(module.layer_idx)  # type: ignore[arg-type]
     cache = plan.cache
+    variant = variants.variant_of(kwargs, cache.capacity)
     # [1, heads, tokens, dim] -> [tokens, heads, dim]
     cache.write(layer, key[0].transpose(0, 1), value[0].transpose(0, 1), plan.dest)
     pools = cache.keys[layer], cache.values[layer]
     q = query[0].transpose(0, 1)
     if plan.backend == "varlen":
         assert plan.varlen is not None
-        return backends.varlen(q, *pools, plan.varlen, scale, gqa)[None], None
+        return backends.varlen(q, *pools, plan.varlen, scale, gqa, variant)[None], None
     # Built directly in the [1, tokens, heads, dim] layout the model wants back.
     result = query.new_empty((1, query.shape[2], query.shape[1], value.shape[-1]))
     n = plan.rows
@@ -160,25 +186,25 @@ def attention(
         if plan.backend == "native":
             assert plan.lens is not None
             result[0, :n] = backends.native(
-                q[:n].contiguous(), *pools, cache.table, plan.lens, scale, plan.tiles
+                q[:n].contiguous(), *pools, cache.table, plan.lens, scale, variant, plan.tiles
             )
         else:
             result[0, :n] = backends.reference(
-                q[:n], *pools, cache.table, plan.runs, plan.run_lens, scale, gqa
+                q[:n], *pools, cache.table, plan.runs, plan.run_lens, scale, gqa, variant
             )
     for s, e in plan.bounds:
         # A prompt's keys and values are its own tokens: no need to read them back.
-        attended = F.scaled_dot_product_attention(
+        attended = variants.own_tokens(
             query[:, :, n + s : n + e],
             key[:, :, n + s : n + e],
             value[:, :, n + s : n + e],
-            is_causal=e - s > 1,
-            scale=scaling,
-            enable_gqa=gqa,
+            scale,
+            variant,
+            gqa,
         )
         result[:, n + s : n + e] = attended.transpose(1, 2)
     if plan.cached is not None:
-        prefix_attention.attend(plan.cached, query, *pools, result, scale, gqa, plan.tiles)
+        prefix_attention.attend(plan.cached, query, *pools, result, scale, gqa, variant, plan.tiles)
     if plan.pad:
         result[0, -plan.pad :] = 0
     return result, None

@@ -27,8 +27,9 @@ _SOURCE = Path(__file__).with_name("csrc") / "decode_attention.cpp"
 # A build lock older than this was left by a killed build (one takes about 30 s).
 _STALE_LOCK_SECONDS = 600
 
-# (q, key pool, value pool, block table, lens, scale[, tiles]) -> out: the engine's
-# paged cache.
+# (q, key pool, value pool, block table, lens, scale, *, window=0, softcap=0.0,
+# sinks=None, tiles=True) -> out: the engine's paged cache (csrc/decode_attention.cpp
+# says each).
 PagedKernel = Callable[..., torch.Tensor]
 
 

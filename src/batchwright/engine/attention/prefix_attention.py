@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from batchwright.engine.attention import backends
+from batchwright.engine.attention.variants import PLAIN, Variant
+from batchwright.engine.attention.variants import attend as attend_variant
 
 
 @dataclass(eq=False)
@@ -56,6 +58,7 @@ def attend(
     result: torch.Tensor,
     scale: float,
     gqa: bool,
+    variant: Variant = PLAIN,
     tiles: bool = True,
 ) -> None:
     """Write the attention of the prompts' new tokens into `result` [1, tokens, heads,
@@ -63,16 +66,22 @@ def attend(
     if cp.rows is not None:
         assert cp.row_table is not None and cp.row_lens is not None
         q = query[0].transpose(0, 1).index_select(0, cp.rows).contiguous()
-        out = backends.native(q, kpool, vpool, cp.row_table, cp.row_lens, scale, tiles)
+        out = backends.native(q, kpool, vpool, cp.row_table, cp.row_lens, scale, variant, tiles)
         result[0].index_copy_(0, cp.rows, out)
         return
     for i, (s, e, cached) in enumerate(cp.spans):
         width = cached + e - s
         keys = backends.gather(kpool, cp.table[i : i + 1], width)
         values = backends.gather(vpool, cp.table[i : i + 1], width)
-        cols = torch.arange(width, device=query.device)
-        mask = cols[None, :] <= cached + torch.arange(e - s, device=query.device)[:, None]
-        attended = F.scaled_dot_product_attention(
-            query[:, :, s:e], keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa
-        )
+        cols = torch.arange(width, device=query.device)[None, :]
+        last = cached + torch.arange(e - s, device=query.device)[:, None]
+        mask = cols <= last
+        if variant.window is not None:
+            mask &= cols > last - variant.window
+        if variant.plain:
+            attended = F.scaled_dot_product_attention(
+                query[:, :, s:e], keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa
+            )
+        else:
+            attended = attend_variant(query[:, :, s:e], keys, values, mask, scale, variant, gqa)
         result[:, s:e] = attended.transpose(1, 2)

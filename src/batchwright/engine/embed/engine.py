@@ -62,7 +62,7 @@ class Embedded:
 
 
 class Feed(Protocol):
-    """Online requests (the worker's relay, adapted): engine/online.py's OnlineFeed."""
+    """Online requests (the worker's relay, adapted): engine/requests/feed.py's OnlineFeed."""
 
     def take(self) -> list[EmbedJob]: ...
 

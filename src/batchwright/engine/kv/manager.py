@@ -83,7 +83,9 @@ class KVManager:
                 cached = 0
             else:
                 index = self.prefix
-                blocks, cached = prefix_blocks(index, u.prompt, total, first_blocks(index, u))
+                blocks, cached = prefix_blocks(
+                    index, u.prompt, total, first_blocks(index, u), job.adapter_key
+                )
                 cache.assign(taken[0], blocks)
                 job.cached_tokens.setdefault(u.prompt_index, cached)
             dest = cache.prompt_dest(taken[0], length)[cached:]

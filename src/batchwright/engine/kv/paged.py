@@ -54,6 +54,10 @@ def pool_blocks(
     return blocks
 
 
+# A layer's (kv_heads, key dim, value dim): kv_shape.py reads them off the model.
+LayerShape = tuple[int, int, int]
+
+
 class PagedCache:
     def __init__(
         self,
@@ -67,18 +71,32 @@ class PagedCache:
         num_blocks: int,
         max_rows: int,
         context_length: int,
+        shapes: list[LayerShape] | None = None,
     ) -> None:
         self.alloc = BlockAllocator(num_blocks, block_size)
         self.block_size = block_size
         self.device = device
-        shape = (num_blocks, block_size, kv_heads, head_dim)
-        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
+        # Per layer, as the model projects them (a layer's heads and widths may differ
+        # from the config's and from each other: kv_shape.py); else one shape for all.
+        shapes = shapes or [(kv_heads, head_dim, head_dim)] * layers
+        self.keys = [
+            torch.empty((num_blocks, block_size, h, dk), dtype=dtype, device=device)
+            for h, dk, _ in shapes
+        ]
+        self.values = [
+            torch.empty((num_blocks, block_size, h, dv), dtype=dtype, device=device)
+            for h, _, dv in shapes
+        ]
         for pool in (*self.keys, *self.values):
             pool[SCRATCH].zero_()
         self.max_blocks = -(-context_length // block_size)
         self.table = torch.zeros((max_rows, self.max_blocks), dtype=torch.int32, device=device)
         self.blocks: list[list[int]] = [[] for _ in range(max_rows)]
+
+    @property
+    def capacity(self) -> int:
+        """Tokens a row's table can hold: a sliding window this long never binds."""
+        return self.max_blocks * self.block_size
 
     # --- host side: block lists ----------------------------------------------------------
 

@@ -16,12 +16,17 @@ memory a CPU worker keeps resident for prefixes nobody asked for again.
 Blocks are indexed when a prompt is placed, before its prefill runs: a prompt admitted
 in the same step can match them, because every layer writes the step's keys and values
 into the pages before any attention reads them (attention.py).
+
+The keys and values of a LoRA adapter's rows are the adapter's own (its deltas change
+every layer's k and v), so each adapter has a tree of its own (`space`: the adapter's
+key, engine/lora/; None for the base model): the same prompt under two adapters, or
+under an adapter and the base, never shares a block.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -49,7 +54,7 @@ class PrefixBlocks(BlockAllocator):
     def __init__(self, num_blocks: int, block_size: int, max_idle: int) -> None:
         super().__init__(num_blocks, block_size)
         self.max_idle = max(0, max_idle)
-        self._root = _Node(SCRATCH, (), None)
+        self._roots: dict[Hashable, _Node] = {None: _Node(SCRATCH, (), None)}
         self._nodes: dict[int, _Node] = {}  # indexed block -> its node
         self._idle: OrderedDict[int, None] = OrderedDict()  # indexed, unreferenced; LRU first
 
@@ -128,12 +133,22 @@ class PrefixBlocks(BlockAllocator):
         bs = self.block_size
         return [tuple(tokens[i * bs : (i + 1) * bs]) for i in range(blocks)]
 
-    def match(self, tokens: Sequence[int], most: int | None = None) -> list[int]:
-        """Indexed blocks holding the longest cached prefix of `tokens`, in order, at most
-        `most` of them; at least the last token is left out (its logits are what the
-        prefill is for)."""
+    def _root(self, space: Hashable) -> _Node:
+        root = self._roots.get(space)
+        if root is None:
+            root = self._roots[space] = _Node(SCRATCH, (), None)
+        return root
+
+    def match(
+        self, tokens: Sequence[int], most: int | None = None, space: Hashable = None
+    ) -> list[int]:
+        """Indexed blocks holding the longest cached prefix of `tokens` in `space` (the
+        adapter's; None: the base's), in order, at most `most` of them; at least the last
+        token is left out (its logits are what the prefill is for)."""
         out: list[int] = []
-        node = self._root
+        node = self._roots.get(space)
+        if node is None:
+            return out
         blocks = (len(tokens) - 1) // self.block_size
         for key in self._keys(tokens, blocks if most is None else min(most, blocks)):
             child = node.children.get(key)
@@ -143,9 +158,9 @@ class PrefixBlocks(BlockAllocator):
             node = child
         return out
 
-    def insert(self, tokens: Sequence[int], blocks: Sequence[int]) -> None:
+    def insert(self, tokens: Sequence[int], blocks: Sequence[int], space: Hashable = None) -> None:
         """Index the full blocks of a prompt placed in `blocks` (its own or matched)."""
-        node = self._root
+        node = self._root(space)
         for key, b in zip(self._keys(tokens, len(tokens) // self.block_size), blocks, strict=False):
             child = node.children.get(key)
             if child is None:
@@ -177,9 +192,10 @@ class Planned:
         limit = (len(prompt) - 1) // index.block_size
         if most is not None:
             limit = min(limit, most)
-        matched = index.match(prompt, most)
+        space = unit.job.adapter_key
+        matched = index.match(prompt, most, space)
         cached = len(matched)
-        chain = 0
+        chain = hash(space)
         for i, key in enumerate(index._keys(prompt, len(prompt) // index.block_size)):
             chain = hash((chain, key))
             if i == cached and i < limit and chain in self._coming:
@@ -217,15 +233,19 @@ def first_blocks(index: PrefixBlocks, unit: Unit) -> int | None:
 
 
 def prefix_blocks(
-    index: PrefixBlocks, prompt: Sequence[int], total: int, most: int | None = None
+    index: PrefixBlocks,
+    prompt: Sequence[int],
+    total: int,
+    most: int | None = None,
+    space: Hashable = None,
 ) -> tuple[list[int], int]:
     """Blocks for a row of `total` tokens starting with `prompt`: its cached prefix (at
-    most `most` blocks) shared (taken off the idle list first, so the allocation cannot
-    evict it), the rest new; the prompt's full blocks are then indexed. Returns the blocks
-    and the cached tokens."""
-    matched = index.share(index.match(prompt, most))
+    most `most` blocks) in `space` (its adapter's) shared (taken off the idle list first,
+    so the allocation cannot evict it), the rest new; the prompt's full blocks are then
+    indexed. Returns the blocks and the cached tokens."""
+    matched = index.share(index.match(prompt, most, space))
     blocks = matched + index.allocate(index.blocks_for(total) - len(matched))
-    index.insert(prompt, blocks)
+    index.insert(prompt, blocks, space)
     return blocks, len(matched) * index.block_size
 
 

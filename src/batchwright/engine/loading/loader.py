@@ -13,13 +13,14 @@ from typing import Any
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from batchwright.engine.attention import backends
 from batchwright.engine.attention import interface as attention
 from batchwright.engine.attention.native import paged_attention_kernel
 from batchwright.engine.loading.demo import ensure_demo_model
 from batchwright.engine.loading.invariance import rows_multiple
+from batchwright.engine.loading.model_support import Support, check_config, check_loading, probe
 from batchwright.engine.loading.packing import pack
 from batchwright.engine.platform.device import use
 from batchwright.engine.platform.host_memory import tune_malloc
@@ -55,6 +56,11 @@ class LoadedModel:
     # Native backend: steps padded to multiples of this many tokens give each row the same
     # bits whatever shares its step (invariance.py); None: no such guarantee.
     invariant_rows: int | None = None
+    # Per layer (kv_heads, key dim, value dim) as the model projects them; the KV cache's
+    # shape (engine/loading/model_support.py).
+    kv_shapes: list[tuple[int, int, int]] | None = None
+    # Why the model runs on the reference path (transformers' attention, padded.py).
+    reference_reason: str | None = None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -118,7 +124,10 @@ def _eos_ids(model: Any, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
     return frozenset(ids)
 
 
-def load_model(spec: ModelSpec) -> LoadedModel:
+def load_model(spec: ModelSpec, *, reference: bool = False) -> LoadedModel:
+    """The registry's model, loaded and checked (engine/loading/model_support.py): a model the
+    engine cannot serve raises ModelRefused here, before any work. `reference` runs it on
+    the reference path whatever it supports (tests compare the two)."""
     path = Path(spec.path)
     if spec.name == DEMO_MODEL:
         ensure_demo_model(path)
@@ -126,19 +135,35 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     dtype = resolve_dtype(spec.dtype, device)
     if device.type == "cpu":
         tune_malloc()
+    config = AutoConfig.from_pretrained(path)
+    text_config = config.get_text_config()
+    max_pos = int(getattr(text_config, "max_position_embeddings", 0) or 2048)
+    context = check_config(
+        config, spec.context_length or max_pos, configured=spec.context_length is not None
+    )
     tokenizer = AutoTokenizer.from_pretrained(path)
-    use(device)  # engine/device.py: what CUDA takes from the current device is the model's
-    model, varlen = _from_pretrained(path, dtype)
+    use(device)  # engine/platform/device.py: what CUDA takes from the current device is the model's
+    model, varlen, info = _from_pretrained(path, dtype)
+    check_loading(config, info)
     model.to(device)
     model.eval()
+    params = inspect.signature(model.forward).parameters
+    cache_kwarg = "cache" if "cache" in params else "past_key_values"
+    support = probe(model, varlen=varlen, cache_kwarg=cache_kwarg, context=context)
+    if reference and support.reference is None:
+        support.reference = "asked for"
+    if varlen and support.reference is not None:
+        _reference_attention(model, support)
+        varlen = False
+    if support.reference is not None and not reference:
+        log.warning(
+            "%s runs on the reference path (transformers' attention, slower): %s",
+            spec.name,
+            support.reference,
+        )
     pack(model)  # q/k/v and gate/up projections: one matmul each (packing.py)
-    text_config = model.config.get_text_config()
-    _check_supported(text_config)
     out = model.get_output_embeddings()
     vocab = int(out.weight.shape[0]) if out is not None else int(text_config.vocab_size)
-    max_pos = int(getattr(text_config, "max_position_embeddings", 0) or 2048)
-    context = spec.context_length or max_pos
-    params = inspect.signature(model.forward).parameters
     # The kernel is float32 and CPU only; elsewhere decode attention runs on SDPA.
     native = (
         spec.native_attention
@@ -148,7 +173,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         and paged_attention_kernel() is not None
     )
     template = _chat_template(spec)
-    backend = choose_backend(device, dtype, native)
+    backend = _fit_backend(choose_backend(device, dtype, native), support, spec.name)
     invariant = rows_multiple(model) if backend == "native" and spec.batch_invariant else None
     engine_config = {
         "engine": ENGINE_VERSION,
@@ -162,6 +187,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         "native_attention": native,
         "backend": backend,
         "invariant_rows": invariant,
+        "reference_path": support.reference is not None,
         "torch": ".".join(torch.__version__.split(".")[:2]),
         "transformers": ".".join(transformers.__version__.split(".")[:2]),
     }
@@ -175,7 +201,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         vocab_size=vocab,
         context_length=context,
         eos_ids=_eos_ids(model, tokenizer),
-        cache_kwarg="cache" if "cache" in params else "past_key_values",
+        cache_kwarg=cache_kwarg,
         has_logits_to_keep="logits_to_keep" in params,
         fingerprint=fingerprint(path, engine_config),
         varlen=varlen,
@@ -183,7 +209,34 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         chat_template=template,
         backend=backend,
         invariant_rows=invariant,
+        kv_shapes=support.shapes if support.reference is None else support.cache_shapes,
+        reference_reason=support.reference,
     )
+
+
+def _fit_backend(backend: str, support: Support, name: str) -> str:
+    """`varlen_attn` has no soft-capping and one head width for keys and values: such
+    models take the reference backend on CUDA, said in one line."""
+    if backend != "varlen":
+        return backend
+    widths = any(dk != dv for _, dk, dv in support.shapes)
+    if support.softcap or widths:
+        why = "soft-capped attention" if support.softcap else "keys and values of other widths"
+        log.warning("%s: varlen_attn lacks %s; attention runs the reference backend", name, why)
+        return "reference"
+    return backend
+
+
+def _reference_attention(model: Any, support: Support) -> None:
+    """transformers' own attention for the reference path: SDPA where the model takes it
+    and needs nothing SDPA lacks, else its eager attention."""
+    if not (support.softcap or support.sinks):
+        try:
+            model.set_attn_implementation("sdpa")
+            return
+        except (ValueError, ImportError):
+            pass
+    model.set_attn_implementation("eager")
 
 
 def _chat_template(spec: ModelSpec) -> str | None:
@@ -228,25 +281,20 @@ def choose_backend(
     return "varlen"
 
 
-def _check_supported(config: Any) -> None:
-    """Refuse at load what the engine's cache and attention would silently get wrong."""
-    layer_types = getattr(config, "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types):
-        raise ValueError(f"unsupported attention layer types {sorted(set(layer_types))}")
-    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
-        raise ValueError("sliding-window attention is not supported")
-    if getattr(config, "attn_logit_softcapping", None):
-        raise ValueError("attention logit soft-capping is not supported")
-
-
-def _from_pretrained(path: Path, dtype: torch.dtype) -> tuple[Any, bool]:
-    """The model with variable-length attention, or plain SDPA where it cannot take it."""
+def _from_pretrained(path: Path, dtype: torch.dtype) -> tuple[Any, bool, dict[str, Any]]:
+    """The model with variable-length attention, or transformers' own where it cannot
+    take it; with transformers' loading report (what it had to initialise)."""
     attention.register()
+    load: Any = AutoModelForCausalLM.from_pretrained  # typed as returning the model alone
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, attn_implementation=attention.NAME
+        model, info = load(
+            path, dtype=dtype, attn_implementation=attention.NAME, output_loading_info=True
         )
-        return model, True
+        return model, True, info
     except (ValueError, KeyError):
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
-        return model, False
+        pass
+    try:
+        model, info = load(path, dtype=dtype, attn_implementation="sdpa", output_loading_info=True)
+    except ValueError:
+        model, info = load(path, dtype=dtype, attn_implementation="eager", output_loading_info=True)
+    return model, False, info

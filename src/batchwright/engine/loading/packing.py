@@ -83,8 +83,14 @@ class Part(nn.Module):
         return out
 
 
+def _plain(weight: Any) -> bool:
+    """A dense weight: not one of a quantized checkpoint's tensor subclasses (torchao,
+    bitsandbytes, ...), whose layers stay as transformers loaded them."""
+    return type(weight) in (torch.Tensor, nn.Parameter) and type(weight.data) is torch.Tensor
+
+
 def _packable(linears: list[Any]) -> bool:
-    if not all(type(lin) is nn.Linear for lin in linears):
+    if not all(type(lin) is nn.Linear and _plain(lin.weight) for lin in linears):
         return False
     first = linears[0]
     return all(

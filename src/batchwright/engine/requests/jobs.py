@@ -104,6 +104,9 @@ class Job:
     requeued: bool = False  # preempted: back at the front of the waiting lines
     endpoint: str = "/v1/completions"  # the wire object its result becomes (EngineRequest)
     grammar: Any = None  # Future of the compiled response_format (sampling/grammar.py)
+    adapter: str | None = None  # the LoRA adapter it runs under (engine/lora/), or None
+    lora: Any = None  # Future of the adapter's weights (engine/lora/store.py), if any
+    adapter_key: Any = None  # the adapter's slot and prefix-cache key once admitted
     id: str = field(default_factory=lambda: "cmpl-" + secrets.token_urlsafe(18))
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -155,6 +158,8 @@ def start(request: EngineRequest, decode: Decode, eos_ids: frozenset[int], conte
         group=request.group,
         endpoint=request.endpoint,
         grammar=request.grammar,
+        adapter=request.adapter,
+        lora=request.lora,
     )
     prompts = request.prompts
     if req.max_tokens > 0:

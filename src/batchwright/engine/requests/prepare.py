@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 # The compile of a response_format (sampling/grammar.py's Grammars.request).
 GrammarFor = Callable[[Any], "Future[Any] | None"]
+# The read of a LoRA adapter's weights by name (engine/lora/store.py's request).
+AdapterFor = Callable[[str], "Future[Any]"]
 
 
 class Preparer:
@@ -51,6 +53,7 @@ class Preparer:
         context_length: int,
         eos_ids: frozenset[int],
         grammar: GrammarFor,
+        adapter: AdapterFor | None = None,
     ) -> None:
         self.tokenizer = copy.deepcopy(tokenizer)
         self._lock = threading.Lock()
@@ -61,6 +64,7 @@ class Preparer:
         self.context_length = context_length
         self.eos_ids = eos_ids
         self.grammar = grammar
+        self.adapter = adapter  # None: this model's workers serve no adapters
 
     def __call__(self, line: GenRequest) -> EngineRequest | GenResult:
         with self._lock:
@@ -73,6 +77,14 @@ class Preparer:
                 return server_error(line.key, exc)
 
     def _prepare(self, line: GenRequest) -> EngineRequest | GenResult:
+        if line.adapter is not None and self.adapter is None:
+            return bad_request(
+                line.key,
+                f"The model '{line.adapter[:200]}' is an adapter of '{self.model}', "
+                "whose workers serve no adapters (max_loras 0).",
+                "model",
+                "model_not_found",
+            )
         if endpoint_of(line.body) == CHAT:
             out = prepare_chat(
                 line,
@@ -87,6 +99,8 @@ class Preparer:
         if isinstance(out, EngineRequest):
             # Compiled off the loop; the intake admits the request once it is ready.
             out.grammar = self.grammar(out.response_format)
+            if out.adapter is not None and self.adapter is not None:
+                out.lora = self.adapter(out.adapter)  # read off the loop too
         return out
 
     def _completion(self, line: GenRequest) -> EngineRequest | GenResult:

@@ -46,6 +46,10 @@ class EngineRequest:
     stream: bool = False
     response_format: Any = None  # protocol's ResponseFormat, or None for text
     grammar: Future[Any] | None = None
+    # The LoRA adapter it runs under (GenRequest.adapter) and the read of its weights (a
+    # future, engine/lora/store.py); None for the model itself.
+    adapter: str | None = None
+    lora: Future[Any] | None = None
 
     @property
     def prompt_tokens(self) -> int:

@@ -14,15 +14,17 @@ class GenRequest:
     line's `body` object as the client sent it (already passed CompletionRequest
     validation once, but the engine re-parses it: it is the authority on semantics).
     `group` (the worker: the batch) shares the rows between groups when several wait:
-    the group with the fewest running rows is admitted first (engine/intake.py).
-    `stream`: an online request (engine/online.py) whose choices are sent as they grow,
-    one delta per engine step (engine/streaming.py).
+    the group with the fewest running rows is admitted first (engine/scheduling/intake.py).
+    `stream`: an online request (engine/scheduling/lane.py) whose choices are sent as they grow,
+    one delta per engine step (engine/output/streaming.py). `adapter`: the LoRA adapter of the
+    engine's model the request names (its `model`), None for the model itself.
     """
 
     key: Any
     body: dict[str, Any]
     group: Any = None
     stream: bool = False
+    adapter: str | None = None
 
 
 class Wake:
@@ -60,3 +62,8 @@ class GenResult:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+class ModelRefused(ValueError):
+    """The model cannot be served by this engine, known at load (engine/loading/model_support.py).
+    The message is one line: the architecture and what is missing."""

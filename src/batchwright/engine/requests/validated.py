@@ -56,4 +56,5 @@ def request_of(
         group=line.group,
         stream=line.stream,
         response_format=req.response_format,
+        adapter=line.adapter,
     )

@@ -12,10 +12,12 @@ def new_cache(lm: LoadedModel, spec: ModelSpec, max_rows: int) -> PagedCache:
     heads = int(cfg.num_attention_heads)
     kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-    layers = int(cfg.num_hidden_layers)
+    # Each layer's KV shape as the model projects it (the loader's probe); the config's
+    # fields only where none was taken.
+    shapes = lm.kv_shapes or [(kv_heads, head_dim, head_dim)] * int(cfg.num_hidden_layers)
     device = lm.device
     bs = block_size_for(device, spec.kv_block_size)
-    token_bytes = 2 * layers * kv_heads * head_dim * lm.dtype.itemsize
+    token_bytes = sum(h * (dk + dv) for h, dk, dv in shapes) * lm.dtype.itemsize
     blocks = pool_blocks(
         kv_tokens=spec.kv_tokens,
         max_rows=max_rows,
@@ -25,7 +27,7 @@ def new_cache(lm: LoadedModel, spec: ModelSpec, max_rows: int) -> PagedCache:
         device=device,
     )
     return PagedCache(
-        layers=layers,
+        layers=len(shapes),
         kv_heads=kv_heads,
         head_dim=head_dim,
         dtype=lm.dtype,
@@ -34,4 +36,5 @@ def new_cache(lm: LoadedModel, spec: ModelSpec, max_rows: int) -> PagedCache:
         num_blocks=blocks,
         max_rows=max_rows,
         context_length=lm.context_length,
+        shapes=shapes,
     )

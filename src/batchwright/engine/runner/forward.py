@@ -10,9 +10,11 @@ import torch
 
 from batchwright.engine.attention.interface import PLAN_KWARG, Step, planned
 from batchwright.engine.loading.loader import LoadedModel
+from batchwright.engine.lora.run import Lora
 from batchwright.engine.platform.compiled import Compiled, compile_on
 from batchwright.engine.requests.jobs import PromptScores
 from batchwright.engine.requests.observer import Observer
+from batchwright.engine.runner.graphs import graphs_on
 from batchwright.registry import ModelSpec
 
 # Top-k over the prompt's positions is computed in slices of this many positions so the
@@ -35,6 +37,23 @@ class Forward:
         self.compiled: Compiled | None = None
         if compile_on(spec, lm.device, lm.backend):
             self.compiled = Compiled(self._forward, "model's forward", dynamic=True)
+        # LoRA adapters share this forward (engine/lora/): its linear layers are wrapped
+        # once here; the dense kernel where the forward is compiled or captured.
+        self.lora: Lora | None = None
+        if spec.max_loras > 0:
+            self.lora = Lora(
+                lm.model,
+                spec.name,
+                max_loras=spec.max_loras,
+                max_rank=spec.max_lora_rank,
+                device=lm.device,
+                dtype=lm.dtype,
+                dense=self.compiled is not None
+                or graphs_on(spec, lm.device, lm.backend)
+                or lm.device.type == "cuda",
+                max_tokens=max(1, spec.max_rows)
+                + max(max(1, spec.max_batch_tokens), lm.context_length),
+            )
 
     def last(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
@@ -84,10 +103,15 @@ class Forward:
         return logits
 
     @torch.inference_mode()
-    def score_prompt(self, ids: list[int], k: int) -> PromptScores:
-        """Logprob of each prompt token given its prefix (None for the first) and top-k."""
+    def score_prompt(self, ids: list[int], k: int, adapter: str | None = None) -> PromptScores:
+        """Logprob of each prompt token given its prefix (None for the first) and top-k,
+        under `adapter` if one is named."""
         x = torch.tensor([ids], device=self.lm.device)
-        logits = self.lm.model(input_ids=x, use_cache=False).logits[0, :-1]
+        if adapter is not None and self.lora is not None:
+            with self.lora.scoring(adapter):
+                logits = self.lm.model(input_ids=x, use_cache=False).logits[0, :-1]
+        else:
+            logits = self.lm.model(input_ids=x, use_cache=False).logits[0, :-1]
         lps: list[float | None] = [None]
         tops: list[list[tuple[int, float]] | None] = [None]
         target = x[0, 1:]

@@ -128,6 +128,7 @@ class Decoder(Protocol):
 
     sampler: Sampler
     context_length: int
+    adapters_on: bool  # the step adds LoRA deltas (engine/lora/): another graph
 
     def decode_body(self, n: int, max_k: int) -> torch.Tensor:
         """The device work of a decode step over slots [0, n) reading at most `max_k`
@@ -144,7 +145,7 @@ class DecodeGraphs:
         self.sched = sched
         self.capture = capture
         self.cap = sched.context_length
-        self.graphs: dict[tuple[int, int, bool, int], Replay] = {}
+        self.graphs: dict[tuple[int, int, bool, int, bool], Replay] = {}
         self.replays = 0
 
     def step(self, n: int, max_k: int) -> torch.Tensor:
@@ -155,7 +156,7 @@ class DecodeGraphs:
         bucket = kv_bucket(max_k, self.cap)
         # A step with a grammar-constrained row, or one packing more top logprobs, runs
         # another variant of the sampler's graph (sampler.core).
-        key = (n, bucket, sampler.masked(n), sampler.width(n))
+        key = (n, bucket, sampler.masked(n), sampler.width(n), self.sched.adapters_on)
         replay = self.graphs.get(key)
         if replay is None:
             packed, self.graphs[key] = self.capture.first(lambda: self.sched.decode_body(n, bucket))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
+from contextlib import nullcontext
 from typing import Any, Protocol
 
 import torch
@@ -27,6 +28,7 @@ from batchwright.engine.attention.interface import Step
 from batchwright.engine.kv import prefix
 from batchwright.engine.kv.manager import KVManager, Placement
 from batchwright.engine.loading.loader import LoadedModel
+from batchwright.engine.lora.run import LoraRun, segments_of
 from batchwright.engine.platform.compiled import compile_on
 from batchwright.engine.platform.device import ReadBack, on
 from batchwright.engine.requests.jobs import Seq, Unit
@@ -80,6 +82,9 @@ class ModelRunner:
         self.sampler = Sampler(2 * max_rows, lm.vocab_size, device, compile=compiled, **fixed)
         self.graphs = DecodeGraphs(self, capture_for(device)) if captured else None
         self.grammar = RowGrammars(self.sampler)
+        # LoRA adapters (engine/lora/): rows of any adapters share each forward.
+        self.lora = LoraRun(forward.lora, self.slots.seqs) if forward.lora is not None else None
+        self.adapters_on = False  # the forward running adds adapter deltas (graphs.py keys)
         self.lag = device.type == "cuda" and lm.varlen
         self._pending: Outputs | None = None
         self.out: Recorder | None = None  # the run's output processor (`begin`)
@@ -154,6 +159,20 @@ class ModelRunner:
         s = self.slots
         n = s.rows_for_step()
         placed = self.kv.place(units, s.take)
+        lora = self.lora
+        if lora is None or not self.lm.varlen:
+            self._forward(n, placed)
+            return
+        prompts = [(lora.slot_of(p.unit.job), p.length - p.cached) for p in placed]
+        segments = segments_of(lora.decode_index(n), prompts)
+        if self.invariant_rows:  # the padding tokens _forward appends run without adapters
+            pad = -sum(length for _, length in segments) % self.invariant_rows
+            segments += [(0, pad)] if pad else []
+        with lora.step(segments) as self.adapters_on:
+            self._forward(n, placed)
+
+    def _forward(self, n: int, placed: list[Placement]) -> None:
+        s = self.slots
         if not placed and n and self.graphs is not None:
             self._constrained_drain(n)
             self._outputs(n, self.graphs.step(n, self._max_k(n)))
@@ -233,10 +252,20 @@ class ModelRunner:
 
     def _padded_step(self, n: int, placed: Sequence[Placement]) -> None:
         s = self.slots
+        lora = self.lora
         if n:
-            self._advance(n, padded_decode(self.forward.last, self.cache, s, n))
+            with (
+                nullcontext() if lora is None else lora.step(segments_of(lora.decode_index(n), []))
+            ):
+                logits = padded_decode(self.forward.last, self.cache, s, n)
+            self._advance(n, logits)
         if placed:
-            self._admit(placed, padded_prefill(self.forward.last, self.cache, placed))
+            # Prompts run left-padded to the longest: each row's tokens are its adapter's.
+            width = max(p.length for p in placed)
+            rows = [] if lora is None else [(lora.slot_of(p.unit.job), width) for p in placed]
+            with nullcontext() if lora is None else lora.step(rows):
+                logits = padded_prefill(self.forward.last, self.cache, placed)
+            self._admit(placed, logits)
 
     def _advance(self, n: int, logits: torch.Tensor) -> None:
         """Sample every slot's next token. With `lag` the host records the previous

@@ -64,18 +64,33 @@ def padded_prefill(
 
 
 def padded_decode(forward: ForwardLast, paged: PagedCache, slots: Slots, n: int) -> torch.Tensor:
-    """One decode step for slots [0, n) (dead slots attend to their new token only)."""
+    """One decode step for slots [0, n) (dead slots attend to their new token only).
+
+    Each row's pages are gathered left-padded (its tokens end where the new token goes),
+    as a padded prefill lays them: transformers' sliding-window masks count distances in
+    cache columns, so the columns between a row's last token and the new one must not be
+    padding."""
     lens = slots.lens[:n]
     width = max((slots.hlen[i] for i in range(n) if slots.seqs[i] is not None), default=0)
+    cols = torch.arange(width, device=lens.device)[None, :]
+    pad = width - lens[:, None]  # [n, 1] padding columns before each row's tokens
+    source = (cols - pad).clamp(min=0)  # [n, width] the row's token in each column
     cache = DynamicCache()
     for layer in range(len(paged.keys)):
-        keys = gather(paged.keys[layer], paged.table[:n], width, lens)
-        values = gather(paged.values[layer], paged.table[:n], width, lens)
+        keys = _right_aligned(gather(paged.keys[layer], paged.table[:n], width, lens), source)
+        values = _right_aligned(gather(paged.values[layer], paged.table[:n], width, lens), source)
         cache.update(keys, values, layer)
-    cols = torch.arange(width + 1, device=lens.device)[None, :]
-    mask = ((cols < lens[:, None]) | (cols == width)).long()
+    full = torch.arange(width + 1, device=lens.device)[None, :]
+    mask = (full >= pad).long()
     logits = forward(slots.tokens[:n, None], mask, lens[:, None], cache)
     dest = paged.decode_dest(lens)
     for layer, (k, v) in enumerate(_layers(cache)):
         paged.write(layer, k[:, :, width], v[:, :, width], dest)
     return logits
+
+
+def _right_aligned(pages: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """[rows, heads, width, dim] with each row's tokens moved to the right end (the
+    columns before them are masked)."""
+    index = source[:, None, :, None].expand(-1, pages.shape[1], -1, pages.shape[3])
+    return pages.gather(2, index)

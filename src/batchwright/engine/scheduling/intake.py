@@ -37,7 +37,8 @@ Item = EngineRequest | GenResult | Wake
 # A validated request's job (requests/jobs.py's `start`, bound to the model).
 Start = Callable[[EngineRequest], Job]
 # Echo scores of a prompt: (prompt ids, top k) -> PromptScores (a forward of the model).
-Score = Callable[[list[int], int], PromptScores]
+# Echo scoring of a prompt: (ids, top-k, LoRA adapter or None) -> its logprobs.
+Score = Callable[[list[int], int, str | None], PromptScores]
 
 
 # Requests read ahead, in multiples of max_rows: longest-first admission needs a window
@@ -92,6 +93,7 @@ class Intake:
         prompt_cost: Callable[[Unit], int] | None = None,
         running: Callable[[], Counter[Hashable]] | None = None,
         idle: bool = True,
+        gate: Callable[[Unit], bool] | None = None,
     ) -> Generator[GenResult, None, list[Unit]]:
         """Units for up to `free` rows within max_batch_tokens of prompt tokens (padded
         tokens when not `packed`; a lone longer prompt still goes) and within `kv_free`
@@ -100,7 +102,9 @@ class Intake:
         per unit considered, in order. Yields the results of requests that finish without
         generating (errors, scoring only). `running`: rows running per group. A source
         with `ready()` is waited on only when `idle` (no rows running) and nothing else
-        can be admitted."""
+        can be admitted. `gate`: whether a ready unit may go now (its LoRA adapter has a
+        slot, engine/lora/run.py; it takes the slot when it says yes); a unit it holds
+        back waits without holding the others."""
         units: list[Unit] = []
         width = tokens = 0
         if self._ready is not None and not self.exhausted:
@@ -119,14 +123,22 @@ class Intake:
             at = 0
             if running is not None:
                 at, counts = self._next(running, counts)
-            if not _ready(self.pending[at]):
+            if not (_ready(self.pending[at]) and (gate is None or gate(self.pending[at]))):
                 if any(_failed(u) for u in self.pending):
                     yield from self._grammar_failures()
                     continue
-                # A line waits for its grammar (grammar.py) without holding the others.
-                at = next((i for i, u in enumerate(self.pending) if _ready(u)), -1)
+                # A line waits for its grammar (grammar.py) or its adapter's weights and
+                # slot (engine/lora/) without holding the others.
+                at = next(
+                    (
+                        i
+                        for i, u in enumerate(self.pending)
+                        if _ready(u) and (gate is None or gate(u))
+                    ),
+                    -1,
+                )
                 if at < 0:
-                    if units or not idle:
+                    if units or not idle or not self._waiting_on():
                         break
                     yield from self._wait_grammar()
                     continue
@@ -173,18 +185,32 @@ class Intake:
 
     def _grammar_failures(self) -> Generator[GenResult, None, None]:
         """A 400 for each waiting request whose response_format failed to compile."""
-        failed = {}
+        failed: dict[Any, tuple[str, str, str]] = {}
         for u in self.pending:
-            if _failed(u) and (why := grammar_error(u.job.grammar)) is not None:
-                failed[u.job.key] = why
+            if not _failed(u):
+                continue
+            if (why := adapter_error(u.job.lora)) is not None:
+                failed[u.job.key] = (why, "model", "model_not_found")
+            elif (why := grammar_error(u.job.grammar)) is not None:
+                failed[u.job.key] = (why, "response_format", "invalid_response_format")
         if failed:
             self.drop(set(failed))
-            for key, why in failed.items():
-                yield bad_request(key, why, "response_format", "invalid_response_format")
+            for key, (why, param, code) in failed.items():
+                yield bad_request(key, why, param, code)
+
+    def _waiting_on(self) -> list[Any]:
+        """Futures (grammars, adapter weights) that waiting lines wait for."""
+        return [
+            f
+            for u in self.pending
+            for f in (u.job.grammar, u.job.lora)
+            if f is not None and not f.done()
+        ]
 
     def _wait_grammar(self) -> Generator[GenResult, None, None]:
-        """Nothing runs and every waiting line waits for a grammar: wait for one."""
-        futures.wait([u.job.grammar for u in self.pending], return_when=futures.FIRST_COMPLETED)
+        """Nothing runs and every waiting line waits for a grammar or an adapter's
+        weights: wait for one."""
+        futures.wait(self._waiting_on(), return_when=futures.FIRST_COMPLETED)
         yield from self._grammar_failures()
 
     def drop(self, keys: Set[Any]) -> None:
@@ -244,16 +270,23 @@ class Intake:
             if isinstance(item, GenResult):  # refused when it was prepared
                 yield item
                 continue
+            refused: GenResult | None = None
             try:
                 job = self.start(item)
-                if job.needs_prompt_scores:
+                refused = adapter_refusal(job)
+                if refused is None and job.needs_prompt_scores:
                     k = job.req.logprobs or 0
-                    job.prompt_scores = {i: self.score(p, k) for i, p in enumerate(job.prompts)}
+                    job.prompt_scores = {
+                        i: self.score(p, k, job.adapter) for i, p in enumerate(job.prompts)
+                    }
             except Exception as exc:
                 # This line's failure, not the run's: the other lines and online requests
                 # go on (a raise here ended the engine's run and failed them all).
                 log.exception("line %s: starting it failed", item.key)
                 yield server_error(item.key, exc)
+                continue
+            if refused is not None:
+                yield refused
                 continue
             if job.done:
                 yield job.result()
@@ -267,11 +300,31 @@ class Intake:
 
 
 def _ready(unit: Unit) -> bool:
-    """Whether the unit's grammar, if it has one, is compiled."""
-    g = unit.job.grammar
-    return g is None or (g.done() and g.exception() is None)
+    """Whether the unit's grammar and adapter weights, if it has them, are ready."""
+    return all(f is None or (f.done() and f.exception() is None) for f in _futures(unit))
 
 
 def _failed(unit: Unit) -> bool:
-    g = unit.job.grammar
-    return g is not None and g.done() and g.exception() is not None
+    return any(f is not None and f.done() and f.exception() is not None for f in _futures(unit))
+
+
+def _futures(unit: Unit) -> tuple[Any, Any]:
+    return unit.job.grammar, unit.job.lora
+
+
+def adapter_refusal(job: Job) -> GenResult | None:
+    """A job that runs on the host now (echo scoring, or nothing to generate) needs its
+    adapter's weights at once: it waits for them here, and is refused if they fail."""
+    if job.lora is None or not (job.needs_prompt_scores or job.done):
+        return None
+    futures.wait([job.lora])
+    why = adapter_error(job.lora)
+    return None if why is None else bad_request(job.key, why, "model", "model_not_found")
+
+
+def adapter_error(future: Any) -> str | None:
+    """Why the adapter's weights could not be had (its Future failed), or None."""
+    if future is None or not future.done():
+        return None
+    exc = future.exception() if not future.cancelled() else None
+    return None if exc is None else str(exc)

@@ -27,7 +27,13 @@ from batchwright.engine.requests.request import EngineRequest
 from batchwright.engine.requests.types import GenResult
 from batchwright.engine.sampling.grammar import grammar_error
 from batchwright.engine.scheduling import preempt
-from batchwright.engine.scheduling.intake import Intake, Score, Start
+from batchwright.engine.scheduling.intake import (
+    Intake,
+    Score,
+    Start,
+    adapter_error,
+    adapter_refusal,
+)
 from batchwright.engine.scheduling.rows import Rows
 
 log = logging.getLogger(__name__)
@@ -102,6 +108,20 @@ class Lane:
                 self.drop({unit.job.key})
                 yield bad_request(unit.job.key, why, "response_format", "invalid_response_format")
                 continue
+            # Its adapter's weights are read off the loop (the requests behind it go
+            # first), and it needs a slot for them (engine/lora/run.py): without one it
+            # waits, and the batch lines behind it with it.
+            weights = unit.job.lora
+            if weights is not None and not weights.done():
+                at += 1
+                continue
+            if (why := adapter_error(weights)) is not None:
+                self.drop({unit.job.key})
+                yield bad_request(unit.job.key, why, "model", "model_not_found")
+                continue
+            lora = s.lora
+            if lora is not None and not lora.gate(unit):
+                break
             if self._too_big(unit):
                 yield self._reject(unit)
                 continue
@@ -130,10 +150,14 @@ class Lane:
             units.append(unit)
             self.streams.admitted(unit.job.key)
         if not units and self.waiting and not s.live and not self.intake.pending:
-            # Nothing runs and what waits waits for its grammar: a short wait, not a spin.
-            compiling = [u.job.grammar for u in self.waiting if u.job.grammar is not None]
-            if len(compiling) == len(self.waiting):
-                futures.wait(compiling, _GRAMMAR_WAIT, futures.FIRST_COMPLETED)
+            # Nothing runs and what waits waits for its grammar or its adapter's weights:
+            # a short wait, not a spin.
+            pending = [[f for f in (u.job.grammar, u.job.lora) if f is not None and not f.done()]
+                       for u in self.waiting]  # fmt: skip
+            if all(pending):
+                futures.wait(
+                    [f for fs in pending for f in fs], _GRAMMAR_WAIT, futures.FIRST_COMPLETED
+                )
         return units
 
     def batch_rows(self, online_admitted: bool) -> int:
@@ -180,12 +204,17 @@ class Lane:
         if too_big is not None:
             yield self._reject(too_big)
             return
+        if (refused := adapter_refusal(job)) is not None:
+            yield refused
+            return
         if self.feed is not None:
             self.feed.started(job.key, sum(len(p) for p in job.prompts))
         try:
             if job.needs_prompt_scores:
                 k = job.req.logprobs or 0
-                job.prompt_scores = {i: self.score(p, k) for i, p in enumerate(job.prompts)}
+                job.prompt_scores = {
+                    i: self.score(p, k, job.adapter) for i, p in enumerate(job.prompts)
+                }
         except Exception as exc:
             log.exception("online request %s: scoring its prompt failed", request.key)
             yield server_error(request.key, exc)

@@ -6,12 +6,14 @@ from __future__ import annotations
 from typing import Protocol
 
 from batchwright.engine.kv.manager import KVManager
+from batchwright.engine.lora.run import LoraRun
 from batchwright.engine.requests.jobs import Seq
 
 
 class Rows(Protocol):
     max_rows: int
     kv: KVManager
+    lora: LoraRun | None  # the rows' LoRA adapters: admission takes a slot for each
 
     @property
     def seqs(self) -> list[Seq | None]:

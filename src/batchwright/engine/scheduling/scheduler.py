@@ -83,6 +83,9 @@ class Scheduler:
     def plan(self) -> Generator[GenResult, None, Plan]:
         """The next step's plan; yields the results of requests that end without a row."""
         rows, intake, lane = self.rows, self.intake, self.lane
+        lora = rows.lora
+        if lora is not None:
+            lora.new_round()
         units = yield from lane.admit()
         kv_cost, prompt_cost = rows.kv.admission_costs()
         batch = yield from intake.admit(
@@ -95,6 +98,7 @@ class Scheduler:
             # An online request waiting for its grammar keeps the loop from waiting on
             # the batch source (the lane waits for the grammar).
             idle=not rows.live and not lane.waiting,
+            gate=lora.gate if lora is not None else None,
         )
         lane.started(batch)
         units += batch

@@ -171,6 +171,9 @@ struct Step {
   float scale;
   bool vector;  // the AVX2 loops (dim % 8 == 0)
   bool wide;    // their AVX-512 form (dim % 16 == 0)
+  // Value heads may be narrower or wider than key heads (multi-head latent attention).
+  int64_t dv = 0;
+  bool vvector = false, vwide = false;  // the same two for the value width
 };
 
 // Tokens [j0, j1) of the data read next (`ahead`, `ahead_tokens` tokens of `row` floats;
@@ -276,10 +279,10 @@ inline void weights(const Step& p, int64_t stop, float* s, float* acc, float* to
 #endif
     if (peak > top[h]) {
       const float c = std::exp(top[h] - peak);
-      float* ah = acc + h * p.d;
+      float* ah = acc + h * p.dv;
       sum[h] *= c;
 #pragma omp simd
-      for (int64_t x = 0; x < p.d; ++x) ah[x] *= c;
+      for (int64_t x = 0; x < p.dv; ++x) ah[x] *= c;
       top[h] = peak;
     }
 #if defined(__AVX2__) && defined(__FMA__)
@@ -314,24 +317,24 @@ inline void values(const Step& p, const float* vb, int64_t stop, const float* s,
     prefetch(nk, next, p.kt, c * per, (c + 1) * per);
     for (int64_t h = 0; h < p.hq; ++h) {
       const float* w = s + h * p.stride + j0;
-      const float* vh = vb + j0 * p.vt + (h / p.group) * p.d;
-      float* ah = acc + h * p.d;
+      const float* vh = vb + j0 * p.vt + (h / p.group) * p.dv;
+      float* ah = acc + h * p.dv;
 #if defined(__AVX2__) && defined(__FMA__)
 #if defined(__AVX512F__)
-      if (p.wide) {
+      if (p.vwide) {
         // 128 floats (8 registers) at a time; the rest of the head in one smaller step.
-        for (int64_t x = 0; x < p.d; x += 128) {
-          with_registers(std::min<int64_t>(8, (p.d - x) / 16), [&](auto nv) {
+        for (int64_t x = 0; x < p.dv; x += 128) {
+          with_registers(std::min<int64_t>(8, (p.dv - x) / 16), [&](auto nv) {
             add_values16<decltype(nv)::value>(ah + x, w, vh + x, p.vt, count);
           });
         }
         continue;
       }
 #endif
-      if (p.vector) {
+      if (p.vvector) {
         // 64 floats (8 registers) at a time; the rest of the head in one smaller step.
-        for (int64_t x = 0; x < p.d; x += 64) {
-          with_registers(std::min<int64_t>(8, (p.d - x) / 8), [&](auto nv) {
+        for (int64_t x = 0; x < p.dv; x += 64) {
+          with_registers(std::min<int64_t>(8, (p.dv - x) / 8), [&](auto nv) {
             add_values<decltype(nv)::value>(ah + x, w, vh + x, p.vt, count);
           });
         }
@@ -342,7 +345,7 @@ inline void values(const Step& p, const float* vb, int64_t stop, const float* s,
         const float wj = w[j];
         const float* vj = vh + j * p.vt;
 #pragma omp simd
-        for (int64_t x = 0; x < p.d; ++x) ah[x] += wj * vj[x];
+        for (int64_t x = 0; x < p.dv; ++x) ah[x] += wj * vj[x];
       }
     }
   }
@@ -426,12 +429,19 @@ inline void values_tile(const Step& p, const float* vb, int64_t stop, float* con
 
 }  // namespace paged
 
+// Per layer, what some architectures add to plain attention (all off by default):
+//   window  > 0: row r attends to its last `window` tokens only (a sliding window, the
+//                query's own token included, as transformers counts it)
+//   softcap > 0: scores become softcap * tanh(score / softcap) (Gemma 2)
+//   sinks   [q_heads] float32: one more logit per head in the softmax's denominator,
+//                with no value (gpt-oss attention sinks)
 //   tiles  whether rows that start on the same blocks may be read together (AVX-512):
 //          their values sum in another order, so a row's bits then depend on its
 //          neighbours; the engine's batch-invariant steps pass false (invariance.py).
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
                                      torch::Tensor table, torch::Tensor lens, double scale,
-                                     bool tiles) {
+                                     int64_t window, double softcap,
+                                     std::optional<torch::Tensor> sinks, bool tiles) {
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
                   v.scalar_type() == torch::kFloat32,
               "paged_decode_attention: float32 only");
@@ -439,11 +449,19 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Te
               "paged_decode_attention: shapes");
   TORCH_CHECK(q.is_contiguous(), "paged_decode_attention: q must be contiguous");
   const int64_t rows = q.size(0), hq = q.size(1), d = q.size(2);
-  const int64_t nblocks = k.size(0), bs = k.size(1), hkv = k.size(2);
-  TORCH_CHECK(v.sizes() == k.sizes() && k.size(3) == d && hq % hkv == 0,
+  const int64_t nblocks = k.size(0), bs = k.size(1), hkv = k.size(2), dv = v.size(3);
+  TORCH_CHECK(v.size(0) == nblocks && v.size(1) == bs && v.size(2) == hkv && k.size(3) == d &&
+                  hq % hkv == 0,
               "paged_decode_attention: pool shape");
-  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1 && k.stride(2) == d && v.stride(2) == d,
+  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1 && k.stride(2) == d && v.stride(2) == dv,
               "paged_decode_attention: each token's heads must be contiguous");
+  torch::Tensor sink;
+  if (sinks.has_value()) {
+    sink = sinks->to(torch::kFloat32).contiguous();
+    TORCH_CHECK(sink.numel() == hq, "paged_decode_attention: one sink per query head");
+  }
+  const float* sp = sinks.has_value() ? sink.data_ptr<float>() : nullptr;
+  const float cap = static_cast<float>(softcap);
   auto tab = table.to(torch::kInt32).contiguous();
   auto lens64 = lens.to(torch::kInt64).contiguous();
   TORCH_CHECK(tab.size(0) >= rows && lens64.numel() == rows,
@@ -458,37 +476,51 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Te
       TORCH_CHECK(blk >= 0 && blk < nblocks, "paged_decode_attention: block out of range");
     }
   }
-  auto out = torch::zeros_like(q);
+  // The first token row r reads: its window's start (0 without a window).
+  auto window_start = [&](int64_t r) {
+    return window > 0 ? std::max<int64_t>(0, len[r] - window) : 0;
+  };
+  auto out = torch::zeros({rows, hq, dv}, q.options());
   const float* qp = q.data_ptr<float>();
   const float* kp = k.data_ptr<float>();
   const float* vp = v.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t kb0 = k.stride(0), vb0 = v.stride(0);
   const int64_t stride = (bs + paged::kChunk - 1) / paged::kChunk * paged::kChunk;
-  const paged::Step p{hq,     hq / hkv, d, k.stride(1), v.stride(1), stride,
-                      static_cast<float>(scale), paged::kVector && d % 8 == 0,
-                      paged::kWide && d % 16 == 0};
+  const paged::Step p{hq,
+                      hq / hkv,
+                      d,
+                      k.stride(1),
+                      v.stride(1),
+                      stride,
+                      static_cast<float>(scale),
+                      paged::kVector && d % 8 == 0,
+                      paged::kWide && d % 16 == 0,
+                      dv,
+                      paged::kVector && dv % 8 == 0,
+                      paged::kWide && dv % 16 == 0};
   // One item per row, all heads together: a block holds every head of its tokens side by
   // side, so its keys (then values) are read once, front to back in 8-token chunks. One
   // head at a time over the whole block strided through it, which measured 2-3x slower.
   int64_t total = 0;
-  for (int64_t r = 0; r < rows; ++r) total += len[r];
+  for (int64_t r = 0; r < rows; ++r) total += len[r] - window_start(r);
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(rows, 4 * at::get_num_threads()));
   std::vector<int64_t> bounds(parts + 1, rows);
   bounds[0] = 0;
   int64_t seen = 0, part = 1;
   for (int64_t r = 0; r < rows && part < parts; ++r) {
-    seen += len[r];
+    seen += len[r] - window_start(r);
     while (part < parts && seen * parts >= total * part) bounds[part++] = r + 1;
   }
   // Up to three consecutive rows starting on the same full blocks (a shared prompt
   // prefix) read those blocks together, each key and value loaded once for all of them
   // (AVX-512, heads of 16 to 64 dims): there the kernel is bound by instructions, not
   // memory.
-  tiles = tiles && p.wide && d <= 64 && bs % paged::kChunk == 0;
+  tiles = tiles && p.wide && d <= 64 && dv == d && bs % paged::kChunk == 0 && window <= 0 &&
+          cap <= 0.f;
   constexpr int64_t kStates = 3;
   at::parallel_for(0, parts, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> acc(kStates * hq * d), top(kStates * hq), sum(kStates * hq),
+    std::vector<float> acc(kStates * hq * std::max(d, dv)), top(kStates * hq), sum(kStates * hq),
         s(kStates * hq * stride);
     const int64_t end = bounds[last];
     int64_t prev = -1;  // the last row this thread read
@@ -500,47 +532,63 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Te
       while (after < end && len[after] == 0) ++after;
       const int32_t* blocks = tp + r * width;
       const float* qr = qp + r * hq * d;
-      float *ak = acc.data() + k * hq * d, *tk = top.data() + k * hq, *sk = sum.data() + k * hq;
+      float *ak = acc.data() + k * hq * dv, *tk = top.data() + k * hq, *sk = sum.data() + k * hq;
       float* sc = s.data() + k * hq * stride;
       // Whether `row` also read our i-th block at the same place (a shared prompt prefix):
       // then it is still in cache, and prefetching it again measured 10-15 % slower.
       auto shared = [&](int64_t row, int64_t i) {
         return row >= 0 && len[row] > i * bs && tp[row * width + i] == blocks[i];
       };
-      for (int64_t start = i0 * bs; start < n; start += bs) {
-        const int64_t i = start / bs, stop = std::min<int64_t>(bs, n - start);
-        const float* kb = kp + blocks[i] * kb0;
-        const float* vb = vp + blocks[i] * vb0;
+      // From the row's first token in its window (or block i0), a block at a time; the
+      // first block read may start inside it.
+      for (int64_t pos = std::max(i0 * bs, window_start(r)); pos < n;) {
+        const int64_t i = pos / bs, skip = pos % bs;
+        const int64_t stop = std::min<int64_t>(bs - skip, n - pos);
+        const float* kb = kp + blocks[i] * kb0 + skip * p.kt;
+        const float* vb = vp + blocks[i] * vb0 + skip * p.vt;
         // Blocks lie anywhere in the pool, so the hardware cannot guess the next one: this
         // block's values are asked for while its keys are read, and the next keys (this
         // row's next block, else the next row's first) while the values are read, so
         // memory keeps streaming across block boundaries.
         const float* nk = nullptr;
         int64_t next = 0;
-        if (start + bs < n) {
+        if ((i + 1) * bs < n) {
           if (!shared(prev, i + 1)) nk = kp + blocks[i + 1] * kb0;
-          next = std::min(bs, n - start - bs);
+          next = std::min(bs, n - (i + 1) * bs);
         } else if (after < end && tp[after * width] != blocks[0]) {
           nk = kp + tp[after * width] * kb0;
           next = std::min(bs, len[after]);
         }
         paged::scores(p, qr, kb, stop, shared(prev, i) ? nullptr : vb, sc);
+        if (cap > 0.f) {
+          for (int64_t h = 0; h < hq; ++h) {
+            float* sh = sc + h * p.stride;
+            for (int64_t j = 0; j < stop; ++j) sh[j] = cap * std::tanh(sh[j] / cap);
+          }
+        }
         paged::weights(p, stop, sc, ak, tk, sk);
         paged::values(p, vb, stop, sc, nk, next, ak);
+        pos = (i + 1) * bs;
       }
       prev = r;
     };
     auto reset = [&](int64_t k) {
-      std::fill(acc.begin() + k * hq * d, acc.begin() + (k + 1) * hq * d, 0.f);
+      std::fill(acc.begin() + k * hq * dv, acc.begin() + (k + 1) * hq * dv, 0.f);
       std::fill(top.begin() + k * hq, top.begin() + (k + 1) * hq, -INFINITY);
       std::fill(sum.begin() + k * hq, sum.begin() + (k + 1) * hq, 0.f);
     };
     auto finish = [&](int64_t r, int64_t k) {
       for (int64_t h = 0; h < hq; ++h) {
-        const float inv = 1.f / sum[k * hq + h];
-        const float* ah = acc.data() + (k * hq + h) * d;
-        float* oh = op + (r * hq + h) * d;
-        for (int64_t x = 0; x < d; ++x) oh[x] = ah[x] * inv;
+        float inv = 1.f / sum[k * hq + h];
+        if (sp != nullptr) {
+          // The sink's weight joins the denominator, both relative to the larger peak.
+          const float t = top[k * hq + h], m = std::max(t, sp[h]);
+          const float c = std::exp(t - m);
+          inv = c / (sum[k * hq + h] * c + std::exp(sp[h] - m));
+        }
+        const float* ah = acc.data() + (k * hq + h) * dv;
+        float* oh = op + (r * hq + h) * dv;
+        for (int64_t x = 0; x < dv; ++x) oh[x] = ah[x] * inv;
       }
     };
     // Full blocks at the start of rows r and o that are the same blocks.
@@ -602,7 +650,8 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Te
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
-        "decode attention through a paged cache (float32, CPU)", pybind11::arg("q"),
-        pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("table"), pybind11::arg("lens"),
-        pybind11::arg("scale"), pybind11::arg("tiles") = true);
+        "decode attention through a paged cache (float32, CPU)", py::arg("q"), py::arg("k"),
+        py::arg("v"), py::arg("table"), py::arg("lens"), py::arg("scale"),
+        py::arg("window") = 0, py::arg("softcap") = 0.0, py::arg("sinks") = py::none(),
+        py::arg("tiles") = true);
 }

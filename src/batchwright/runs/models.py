@@ -1,0 +1,71 @@
+"""The models a `batchwright run` file names, loaded before the run creates any state: a
+model the engine refuses stops the run in one line (exit 2) with nothing left behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+from rich.console import Console
+
+from batchwright.registry import load_registry
+from batchwright.runs.builds import first_use_builds
+from batchwright.runs.progress import RunView
+from batchwright.runs.state import READ_BYTES
+from batchwright.worker import runner
+
+# A batch uses one model; a file naming more fails validation anyway. Past this many
+# distinct names the scan stops (validation reports the rest).
+_MOST = 4
+
+
+def named_models(path: Path) -> list[str]:
+    """Registry models the lines' `body.model` name, in order of first use."""
+    registry = load_registry()
+    found: list[str] = []
+    rest = b""
+    with path.open("rb") as src:
+        while chunk := src.read(READ_BYTES):
+            lines = (rest + chunk).split(b"\n")
+            rest = lines.pop()
+            for raw in lines:
+                name = _model(raw)
+                if name is not None and name not in found and registry.get(name) is not None:
+                    found.append(name)
+                    if len(found) >= _MOST:
+                        return found
+    name = _model(rest)
+    if name is not None and name not in found and registry.get(name) is not None:
+        found.append(name)
+    return found
+
+
+def _model(raw: bytes) -> str | None:
+    if b'"model"' not in raw:
+        return None
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None  # validation reports the line
+    body = obj.get("body") if isinstance(obj, dict) else None
+    name = body.get("model") if isinstance(body, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def preload(path: Path, console: Console) -> None:
+    """Load each model the file names (the run's worker then finds them loaded); raises
+    engine.types.ModelRefused for one the engine cannot serve. First-use builds are said
+    as the run's progress says them."""
+    registry = load_registry()
+    view = RunView(console, enabled=False)
+    for name in named_models(path):
+        spec = registry.get(name)
+        assert spec is not None
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+        for build in [] if name in runner._engines else first_use_builds(spec):
+            with view.building(build.what):
+                build.run()
+        with console.status(f"loading {name}"):
+            runner.engine_for(spec)

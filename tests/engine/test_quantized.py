@@ -1,0 +1,56 @@
+"""A quantized checkpoint (torchao int8 weight-only, which runs on CPU) runs as transformers
+loads it: packing steps aside for its layers, the weights stay int8 in memory, and greedy
+text and logprobs equal HF generate of the same quantized model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, TorchAoConfig
+
+from batchwright.engine.engine import Engine
+from tests.engine.model_zoo import _TOKENIZER, build
+from tests.engine.test_models import compare, hf_greedy, spec
+
+torchao = pytest.importorskip("torchao")
+
+
+def _bytes(model: Any) -> int:
+    """Bytes the model's linear weights hold, a quantized tensor's inner tensors counted."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            w = module.weight
+            if hasattr(w, "__tensor_flatten__"):
+                names, _ = w.__tensor_flatten__()
+                total += sum(getattr(w, n).nbytes for n in names)
+            else:
+                total += w.nbytes
+    return total
+
+
+def test_int8_weight_only_checkpoint_matches_hf_and_stays_small(tmp_path: Path) -> None:
+    from torchao.quantization import Int8WeightOnlyConfig
+
+    dense = build("llama", tmp_path)
+    config = TorchAoConfig(Int8WeightOnlyConfig())
+    quantized = AutoModelForCausalLM.from_pretrained(
+        dense, dtype=torch.float32, quantization_config=config
+    )
+    path = tmp_path / "llama_int8"
+    quantized.save_pretrained(path, safe_serialization=True)
+    _TOKENIZER.save_pretrained(path)
+
+    engine = Engine.load(spec(path))  # packing once crashed here on aten.cat of int8 weights
+    plain = Engine.load(spec(dense))
+    q_proj = engine.lm.model.model.layers[0].self_attn.q_proj
+    assert type(q_proj.weight).__name__ == "Int8Tensor"
+    # int8 weights and a scale per row: about a quarter of the float32 weights (the
+    # decoder layers; transformers leaves the output layer in float32).
+    assert _bytes(engine.lm.model.model.layers) < 0.35 * _bytes(plain.lm.model.model.layers)
+    want, margin = hf_greedy(path)  # HF loads it quantized, from its quantization_config
+    assert margin > 1e-3
+    compare(engine, want)
