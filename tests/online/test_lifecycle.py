@@ -69,7 +69,9 @@ def test_a_client_that_leaves_cancels_its_request_at_the_worker(
         step_until(worker, lambda: bool(firsts))
         leave.set()
         reader.join(60)
-        request_id = re.search(r'"id":"(cmpl-[^"]+)"', firsts[0]).group(1)  # type: ignore[union-attr]
+        found = re.search(r'"id":"(cmpl-[^"]+)"', firsts[0])
+        assert found, firsts  # a stream's first chunk, not an error
+        request_id = found.group(1)
         service.wait(lambda: client.exists(f"{prefix}:cancel:{request_id}"), 30, "the cancel")
     finally:
         worker.proc.signal_group(signal.SIGCONT)

@@ -14,6 +14,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
@@ -87,13 +89,19 @@ def test_readme_service_and_cli_blocks_as_written(bw_home: Path, tmp_path: Path)
     try:
         assert proc.stdout is not None
         key = next(ln.strip() for ln in proc.stdout if ln.startswith("sk-bw-"))
-        # The block's last line asks /readyz; it says ok once the worker's heartbeat is in.
+        # The block's last line asks /readyz: ok once the database and broker answer. Its
+        # per-model capacity needs the metrics key, so the worker's heartbeat is waited
+        # for on /v1/models, with the key the block printed.
+        base = f"http://127.0.0.1:{port}"
         end = time.monotonic() + 300
         while True:
             ready = subprocess.run(["bash", "-c", "curl " + check], capture_output=True,
                                    text=True)  # fmt: skip
-            if '"status":"ok"' in ready.stdout and '"demo":1' in ready.stdout:
-                break
+            if '"status":"ok"' in ready.stdout:  # the API listens
+                auth = {"Authorization": f"Bearer {key}"}
+                models = httpx.get(f"{base}/v1/models", headers=auth).json()
+                if any(m["id"] == "demo" and m.get("live_workers") for m in models["data"]):
+                    break
             assert time.monotonic() < end, (ready.stdout, (tmp_path / "service.log").read_text())
             time.sleep(1)
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.lora_models import PeftOracle, build_adapter
-from tests.shared.conftest import Service
+from tests.shared.conftest import METRICS, Service
 
 PROMPTS = ["Once upon a time", "The quick brown fox", "Questions: What is", "Numbers like 0 1"]
 TOKENS = 8
@@ -136,7 +136,7 @@ def test_adapters_through_the_sdk_equal_peft(
     # Heartbeats and /readyz show the adapters the worker holds.
     ready = svc.wait(
         lambda: (
-            (r := httpx.get(svc.api_url + "/readyz", timeout=5).json())["adapters"]
+            (r := httpx.get(svc.api_url + "/readyz", headers=METRICS, timeout=5).json())["adapters"]
             .get("sql-a", {})
             .get("loaded_on")
             and r

@@ -133,19 +133,15 @@ def run_file(
     settings = get_settings()
     outbox.install()  # the service's own code paths, its hooks included
     info = inspect_input(input_path)
+    console = console or Console(stderr=True, highlight=False)
+    interrupt = interrupt or Interrupt()
     # A model the engine refuses is known before the run touches any state.
-    preload(input_path, console or Console(stderr=True, highlight=False))
+    if not preload(input_path, console, interrupt, show_progress=options.show_progress):
+        raise RunInterrupted(interrupt.code, 0, info.lines)
     state = RunState(settings.home, input_path)
     state.acquire()
     try:
-        run = _Run(
-            input_path,
-            options,
-            console or Console(stderr=True, highlight=False),
-            interrupt or Interrupt(),
-            settings,
-            state,
-        )
+        run = _Run(input_path, options, console, interrupt, settings, state)
         return run.execute(info.sha256, info.lines)
     finally:
         state.release()

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from batchwright.registry import load_registry
 from batchwright.runs.builds import first_use_builds
+from batchwright.runs.interrupt import Interrupt
 from batchwright.runs.progress import RunView
 from batchwright.runs.state import READ_BYTES
 from batchwright.worker import runner
@@ -52,20 +53,27 @@ def _model(raw: bytes) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def preload(path: Path, console: Console) -> None:
+def preload(path: Path, console: Console, interrupt: Interrupt, *, show_progress: bool) -> bool:
     """Load each model the file names (the run's worker then finds them loaded); raises
-    engine.types.ModelRefused for one the engine cannot serve. First-use builds are said
-    as the run's progress says them."""
+    ModelRefused for one the engine cannot serve. First-use builds are said and counted on
+    the progress line, as the run says them. False: Ctrl-C stopped it (nothing is built
+    half, no state exists yet)."""
     registry = load_registry()
-    view = RunView(console, enabled=False)
-    for name in named_models(path):
-        spec = registry.get(name)
-        assert spec is not None
-        from transformers.utils import logging as hf_logging
+    with RunView(console, enabled=show_progress) as view:
+        for name in named_models(path):
+            spec = registry.get(name)
+            assert spec is not None
+            with view.doing(f"loading {name}"):
+                from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-        for build in [] if name in runner._engines else first_use_builds(spec):
-            with view.building(build.what):
-                build.run()
-        with console.status(f"loading {name}"):
-            runner.engine_for(spec)
+                hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+                for build in [] if runner.loaded(name) else first_use_builds(spec):
+                    if interrupt.requested.is_set():
+                        return False  # the next build would only be cut short too
+                    with view.building(build.what) as outcome:
+                        outcome.built = build.run()
+                        outcome.stopped = interrupt.requested.is_set()
+                if interrupt.requested.is_set():
+                    return False
+                runner.engine_for(spec)
+    return True
