@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -18,6 +19,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+# torch.compile's on-disk cache, fresh for each test run: a second run of the engine tests
+# (.ci/run's ATEN_CPU_CAPABILITY=avx2 pass) reusing the first run's compiled CPU kernels hit
+# one built for another vocabulary size (an index out of bounds, or a crash). Set it to
+# keep one across runs.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="bw-inductor-"))
 
 PG_ADMIN = os.environ.get("BW_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS = os.environ.get("BW_TEST_REDIS", "redis://127.0.0.1:6379/7")
