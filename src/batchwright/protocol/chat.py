@@ -9,33 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field
 
 from batchwright.protocol.base import OpenAIBaseModel
-from batchwright.protocol.completions import (
-    _INT64,
-    MAX_TOKENS,
-    CompletionUsage,
-    Strings,
-    _check_sequences,
-    _describe,
-    _error,
-    _online,
-    check_logit_bias,
-    check_stop,
-    check_stream_options,
-    logit_bias_numbers,
-    show,
-)
-from batchwright.protocol.response_format import ResponseFormat
+from batchwright.protocol.completions import CompletionUsage
+from batchwright.protocol.sampling import MAX_TOKENS, SamplingRequest, request_error, show
 
 # OpenAI's parameters for features batchwright does not have: a 400 naming the parameter.
 UNSUPPORTED_PARAMS = {
@@ -51,33 +29,36 @@ UNSUPPORTED_PARAMS = {
     "reasoning_effort": "reasoning models",
 }
 # Accepted and ignored: OpenAI keeps them for its dashboards and routing.
-IGNORED_PARAMS = frozenset(
-    {"metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "user"}
+IGNORED_PARAMS = (
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
 )
-KNOWN_PARAMS = frozenset(
-    {
-        "model",
-        "messages",
-        "max_completion_tokens",
-        "max_tokens",
-        "n",
-        "temperature",
-        "top_p",
-        "stop",
-        "seed",
-        "presence_penalty",
-        "frequency_penalty",
-        "logit_bias",
-        "logprobs",
-        "top_logprobs",
-        "response_format",
-        "stream",
-        "stream_options",
-        *IGNORED_PARAMS,
-    }
+# In the order a body's errors are reported.
+KNOWN_PARAMS = (
+    "model",
+    "messages",
+    "max_completion_tokens",
+    "max_tokens",
+    "n",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    *IGNORED_PARAMS,
+    "stream",
+    "stream_options",
 )
 ROLES = ("system", "developer", "user", "assistant")
-_CHAT_NOT_IN_BATCH = "is not supported in a batch: chat lines run to completion server-side"
 MAX_TOP_LOGPROBS = 20
 
 
@@ -103,95 +84,45 @@ class ChatMessageIn(BaseModel):
         return "\n".join(p.text for p in self.content)
 
 
-class ChatCompletionRequest(BaseModel):
+class ChatCompletionRequest(SamplingRequest):
     """A /v1/chat/completions body, with OpenAI's defaults and ranges."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    PARAMS = KNOWN_PARAMS
+    UNSUPPORTED = UNSUPPORTED_PARAMS
+    NOT_IN_BATCH = "is not supported in a batch: chat lines run to completion server-side"
 
-    model: str
-    # fail_fast: a million bad messages are one error, not a million (protocol/completions).
+    # fail_fast: a million bad messages are one error, not a million (protocol/sampling).
     messages: list[ChatMessageIn] = Field(min_length=1, fail_fast=True)
     max_completion_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
     max_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
-    n: int = Field(default=1, ge=1, le=128)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, ge=0.0, le=1.0)
-    stop: str | Strings | None = None
-    seed: int | None = Field(default=None, ge=-_INT64, le=_INT64 - 1)
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    response_format: ResponseFormat | None = None
-    user: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    stream: bool | None = None
-    stream_options: dict[str, Any] | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _null_means_default(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            return {k: v for k, v in data.items() if v is not None}
-        return data
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_shape(cls, v: str | list[str] | None) -> str | list[str] | None:
-        return check_stop(v)
-
-    @field_validator("logit_bias", mode="before")
-    @classmethod
-    def _logit_bias_numbers(cls, v: Any) -> Any:
-        return logit_bias_numbers(v)
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _logit_bias_shape(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        return check_logit_bias(v)
-
-    @field_validator("stream")
-    @classmethod
-    def _no_stream(cls, v: bool | None, info: ValidationInfo) -> bool | None:
-        if v and not _online(info):
-            raise ValueError(f"stream=true {_CHAT_NOT_IN_BATCH}")
-        return v
-
-    @field_validator("stream_options")
-    @classmethod
-    def _stream_options(
-        cls, v: dict[str, Any] | None, info: ValidationInfo
-    ) -> dict[str, Any] | None:
-        if v is not None and not _online(info):
-            raise ValueError(f"stream_options {_CHAT_NOT_IN_BATCH}")
-        return check_stream_options(v)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> ChatCompletionRequest:
-        if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options: stream_options is only allowed when stream is true")
+    def _conflict(self) -> str | None:
+        if (why := super()._conflict()) is not None:
+            return why
         if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs: 'logprobs' must be true when 'top_logprobs' is set")
+            return "top_logprobs: 'logprobs' must be true when 'top_logprobs' is set"
         if (
             self.max_tokens is not None
             and self.max_completion_tokens is not None
             and self.max_tokens != self.max_completion_tokens
         ):
-            raise ValueError(
+            return (
                 "max_tokens: set 'max_completion_tokens' or its older name 'max_tokens', not "
                 f"both with different values (got {self.max_completion_tokens} and "
                 f"{self.max_tokens})"
             )
-        return self
+        return None
 
-    @property
-    def include_usage(self) -> bool:
-        return bool((self.stream_options or {}).get("include_usage"))
+    @classmethod
+    def _refuse(cls, body: dict[str, Any]) -> dict[str, Any] | None:
+        return super()._refuse(body) or _unsupported(body)
 
     # Views the engine and the validation share with completion lines.
     @property
@@ -204,38 +135,20 @@ class ChatCompletionRequest(BaseModel):
         )
 
     @property
-    def stop_list(self) -> list[str]:
-        if self.stop is None:
-            return []
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
-
-    @property
     def top_k(self) -> int | None:
         """Top logprobs wanted per token (None: no logprobs)."""
         return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
-    def prompt_count(self) -> int:
-        return 1
-
-    @property
-    def candidates(self) -> int:
-        return self.n
-
-    @property
     def best_of(self) -> None:
         return None
-
-    @property
-    def sequences(self) -> int:
-        return self.n
 
 
 def _unsupported(body: dict[str, Any]) -> dict[str, Any] | None:
     """The first parameter or message feature batchwright does not have, as a 400."""
     for key, feature in UNSUPPORTED_PARAMS.items():
         if key in body:
-            return _error(
+            return request_error(
                 f"Unsupported parameter: '{key}' is not supported by batchwright ({feature}); "
                 "chat lines generate text.",
                 key,
@@ -249,7 +162,7 @@ def _unsupported(body: dict[str, Any]) -> dict[str, Any] | None:
             continue
         role = msg.get("role")
         if isinstance(role, str) and role not in ROLES:
-            return _error(
+            return request_error(
                 f"Unsupported value: 'messages[{i}].role' {show(role)} is not supported; "
                 f"roles are {', '.join(ROLES)}.",
                 f"messages[{i}].role",
@@ -257,7 +170,7 @@ def _unsupported(body: dict[str, Any]) -> dict[str, Any] | None:
             )
         for key in ("tool_calls", "function_call", "audio", "refusal", "tool_call_id"):
             if key in msg:
-                return _error(
+                return request_error(
                     f"Unsupported parameter: 'messages[{i}].{key}' is not supported by "
                     "batchwright; messages carry text content only.",
                     f"messages[{i}].{key}",
@@ -269,7 +182,7 @@ def _unsupported(body: dict[str, Any]) -> dict[str, Any] | None:
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
             if isinstance(kind, str) and kind != "text":
-                return _error(
+                return request_error(
                     f"Unsupported value: 'messages[{i}].content[{j}].type' {show(kind)} is not "
                     "supported; batchwright takes content parts of type 'text' only.",
                     f"messages[{i}].content[{j}].type",
@@ -278,37 +191,10 @@ def _unsupported(body: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def check_chat_body(
-    body: object,
-    max_sequences: int | None = None,
-    *,
-    online: bool = False,
-    check_schema: bool = False,
-) -> tuple[ChatCompletionRequest | None, dict[str, Any] | None]:
-    """Validate a chat line's body: (request, None) or (None, OpenAI error object).
-    `online`: the body of a POST /v1/chat/completions, where `stream` and `stream_options`
-    are allowed; `check_schema`: a response_format's schema is checked against the
-    metaschema too (where bodies come in: protocol/endpoints.check_body)."""
-    if not isinstance(body, dict):
-        return None, _error("The request body must be a JSON object.", None, "invalid_body")
-    for key in body:
-        if key not in KNOWN_PARAMS and key not in UNSUPPORTED_PARAMS:
-            return None, _error(f"Unrecognized request argument supplied: {key[:64]}", key[:64])
-    if (err := _unsupported(body)) is not None:
-        return None, err
-    try:
-        context = {"online": online, "check_schema": check_schema}
-        req = ChatCompletionRequest.model_validate(body, context=context)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        message, param = _describe(first)
-        if param is None and first.get("type") == "value_error":
-            # Checks across parameters (_consistent) say which one first: "name: why".
-            param, _, why = str((first.get("ctx") or {}).get("error", "")).partition(": ")
-            message = f"Invalid '{param}': {why}."
-        return None, _error(message, param)
-    _, err = _check_sequences(req, max_sequences)  # type: ignore[arg-type]
-    return (req, None) if err is None else (None, err)
+# Validate a chat line's body (ChatCompletionRequest.check): (request, None) or (None, an
+# OpenAI error object naming the parameter). `online`: the body of a POST
+# /v1/chat/completions, where `stream` and `stream_options` are allowed.
+check_chat_body = ChatCompletionRequest.check
 
 
 # --- response objects -------------------------------------------------------------------

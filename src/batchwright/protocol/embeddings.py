@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from batchwright.protocol.completions import show
+from batchwright.protocol.sampling import show
 
 # OpenAI's limits (embeddings guide and API reference): inputs per request, tokens summed
 # over a request's inputs, inputs summed over a batch file's lines.
