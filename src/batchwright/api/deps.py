@@ -10,22 +10,13 @@ from sqlalchemy.orm import Session
 
 from batchwright.auth.service import authenticate
 from batchwright.config import Settings, get_settings
-from batchwright.db.session import get_sessionmaker, run_after_commit
+from batchwright.db.session import session_scope
 
 
 def get_session() -> Iterator[Session]:
     """Commit when the endpoint returns, before the response is sent; then send tasks."""
-    session = get_sessionmaker()()
-    try:
+    with session_scope() as session:
         yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        session.info.pop("after_commit", None)
-        raise
-    finally:
-        session.close()
-    run_after_commit(session)
 
 
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
