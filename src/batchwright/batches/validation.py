@@ -137,137 +137,144 @@ def _body_row(
     return row, request
 
 
+# Errors that end the scan at their line: the file is over a limit, or every later line
+# would fail the same way. Any other error ends it once MAX_REPORTED_ERRORS are reported.
+_FILE_ERRORS = frozenset({"too_many_tasks", "invalid_model", "model_unavailable"})
+
+
 def scan_input(session: Session, batch: Batch, registry: Registry, settings: Settings) -> Outcome:
-    out = Outcome()
-    rows = _Rows(session, batch.id)
-    seen: set[str] = set()
-    counter: TokenCounter | None = None
-
-    def fail(error: LineError) -> bool:
-        out.errors.append(error)
-        return len(out.errors) >= MAX_REPORTED_ERRORS
-
-    max_lines = settings.max_batch_lines
-    refusals = heartbeat.refusals(session, settings) if settings.broker_url else {}
+    scan = _Scan(session, batch, registry, settings)
     lines = iter_lines(session, batch.input_file_id, settings.max_line_bytes)
     for line_no, raw in enumerate(lines, start=1):
-        if raw is None:
-            out.total += 1
-            message = f"Line {line_no}: longer than {settings.max_line_bytes} bytes."
-            if fail(LineError("line_too_long", line_no, message)):
+        error = scan.line(line_no, raw)
+        if error is not None:
+            scan.out.errors.append(error)
+            if error.code in _FILE_ERRORS or len(scan.out.errors) >= MAX_REPORTED_ERRORS:
                 break
-            continue
-        if line_no == 1 and raw.startswith(BOM):
-            raw = raw[len(BOM) :]
-        raw = raw.rstrip(b"\r")
-        if not raw.strip():
-            continue  # blank lines carry no request; line numbers still count them
-        out.total += 1
-        if out.total > max_lines:
-            fail(
-                LineError(
-                    "too_many_tasks",
-                    line_no,
-                    f"The file holds more than {max_lines} requests.",
-                    None,
-                )
-            )
-            break
-        obj, error = _parse_line(raw, line_no, batch.endpoint)
-        if error is not None or obj is None:
-            if fail(error):  # type: ignore[arg-type]
-                break
-            continue
-        custom_id, body = obj["custom_id"], obj["body"]
-        if custom_id in seen:
-            if fail(
-                LineError(
-                    "duplicate_custom_id",
-                    line_no,
-                    f"Line {line_no}: custom_id {custom_id[:64]!r} appears twice.",
-                    "custom_id",
-                )
-            ):
-                break
-            continue
-        seen.add(custom_id)
-        model = body["model"]
-        if registry.serving(model) is None:
-            if fail(
-                LineError(
-                    "model_not_found",
-                    line_no,
-                    f"Line {line_no}: model {model[:64]!r} does not exist here; "
-                    f"available: {', '.join(registry.all_names)}.",
-                    "body.model",
-                )
-            ):
-                break
-            continue
-        if out.model is None:
-            out.model = model
-            spec = registry.get(model)
-            why = task_error(batch.endpoint, model, spec.kind) if spec is not None else None
-            if why is not None:
-                # Every line of the file would fail the same way: the file's problem.
-                fail(LineError("invalid_model", line_no, f"Line {line_no}: {why}", "body.model"))
-                break
-            why = refusals.get(model)
-            if why is not None:
-                # Every live worker of the model refused it at load: the batch would wait
-                # for a worker that will never take it.
-                fail(
-                    LineError(
-                        "model_unavailable",
-                        line_no,
-                        f"Line {line_no}: model {model[:64]!r} cannot be served here: {why}",
-                        "body.model",
-                    )
-                )
-                break
-        elif model != out.model:
-            if fail(
-                LineError(
-                    "mismatched_model",
-                    line_no,
-                    f"Line {line_no}: model {model[:64]!r} differs from "
-                    f"{out.model!r}; a batch uses one model.",
-                    "body.model",
-                )
-            ):
-                break
-            continue
-        if out.errors:
-            continue  # the batch fails anyway: keep scanning for errors, store nothing
-        row, request = _body_row(line_no, custom_id, body, settings, batch.endpoint)
-        row["prefix_key"] = prefix_key(body.get("prompt", body.get("messages")))
-        if isinstance(request, EmbeddingRequest):
-            out.inputs += request.input_count
-            if out.inputs > settings.max_batch_embedding_inputs:
-                limit = settings.max_batch_embedding_inputs
-                fail(
-                    LineError(
-                        "too_many_tasks",
-                        line_no,
-                        f"Line {line_no}: the file holds more than {limit} embedding inputs "
-                        f"(the limit per batch; an input array counts each of its elements).",
-                        "body.input",
-                    )
-                )
-                break
-        if request is not None and row["state"] == "queued":
-            counter = counter or TokenCounter(registry, out.model)
-            out.tokens += counter.line(request)
-        if row["state"] == "failed":
-            out.rejected += 1
-        rows.add(**row)
+    out = scan.out
     if out.total == 0 and not out.errors:
         out.errors.append(LineError("empty_file", 0, "The input file holds no requests."))
     if out.errors:
         session.execute(delete(BatchRequest).where(BatchRequest.batch_id == batch.id))
     else:
-        rows.flush()
+        scan.rows.flush()
     return out
+
+
+class _Scan:
+    """The input file's lines, one at a time: each is stored as a request row, or is the
+    error the line makes."""
+
+    def __init__(
+        self, session: Session, batch: Batch, registry: Registry, settings: Settings
+    ) -> None:
+        self.batch, self.registry, self.settings = batch, registry, settings
+        self.out = Outcome()
+        self.rows = _Rows(session, batch.id)
+        self.seen: set[str] = set()
+        self.counter: TokenCounter | None = None
+        self.refusals = heartbeat.refusals(session, settings) if settings.broker_url else {}
+
+    def line(self, line_no: int, raw: bytes | None) -> LineError | None:
+        out, settings = self.out, self.settings
+        if raw is None:
+            out.total += 1
+            return LineError(
+                "line_too_long",
+                line_no,
+                f"Line {line_no}: longer than {settings.max_line_bytes} bytes.",
+            )
+        if line_no == 1 and raw.startswith(BOM):
+            raw = raw[len(BOM) :]
+        raw = raw.rstrip(b"\r")
+        if not raw.strip():
+            return None  # blank lines carry no request; line numbers still count them
+        out.total += 1
+        if out.total > settings.max_batch_lines:
+            return LineError(
+                "too_many_tasks",
+                line_no,
+                f"The file holds more than {settings.max_batch_lines} requests.",
+            )
+        obj, error = _parse_line(raw, line_no, self.batch.endpoint)
+        if obj is None:
+            return error
+        custom_id, body = obj["custom_id"], obj["body"]
+        if custom_id in self.seen:
+            return LineError(
+                "duplicate_custom_id",
+                line_no,
+                f"Line {line_no}: custom_id {custom_id[:64]!r} appears twice.",
+                "custom_id",
+            )
+        self.seen.add(custom_id)
+        error = self._model(line_no, body["model"])
+        if error is not None:
+            return error
+        if out.errors:
+            return None  # the batch fails anyway: keep scanning for errors, store nothing
+        return self._store(line_no, custom_id, body)
+
+    def _model(self, line_no: int, model: str) -> LineError | None:
+        """The line's model: one the registry serves, the same as the file's first line's."""
+        out = self.out
+        if self.registry.serving(model) is None:
+            return LineError(
+                "model_not_found",
+                line_no,
+                f"Line {line_no}: model {model[:64]!r} does not exist here; "
+                f"available: {', '.join(self.registry.all_names)}.",
+                "body.model",
+            )
+        if out.model is None:
+            out.model = model
+            spec = self.registry.get(model)
+            why = task_error(self.batch.endpoint, model, spec.kind) if spec is not None else None
+            if why is not None:
+                # Every line of the file would fail the same way: the file's problem.
+                return LineError("invalid_model", line_no, f"Line {line_no}: {why}", "body.model")
+            why = self.refusals.get(model)
+            if why is not None:
+                # Every live worker of the model refused it at load: the batch would wait
+                # for a worker that will never take it.
+                return LineError(
+                    "model_unavailable",
+                    line_no,
+                    f"Line {line_no}: model {model[:64]!r} cannot be served here: {why}",
+                    "body.model",
+                )
+        elif model != out.model:
+            return LineError(
+                "mismatched_model",
+                line_no,
+                f"Line {line_no}: model {model[:64]!r} differs from "
+                f"{out.model!r}; a batch uses one model.",
+                "body.model",
+            )
+        return None
+
+    def _store(self, line_no: int, custom_id: str, body: dict[str, Any]) -> LineError | None:
+        out, settings = self.out, self.settings
+        row, request = _body_row(line_no, custom_id, body, settings, self.batch.endpoint)
+        row["prefix_key"] = prefix_key(body.get("prompt", body.get("messages")))
+        if isinstance(request, EmbeddingRequest):
+            out.inputs += request.input_count
+            if out.inputs > settings.max_batch_embedding_inputs:
+                limit = settings.max_batch_embedding_inputs
+                return LineError(
+                    "too_many_tasks",
+                    line_no,
+                    f"Line {line_no}: the file holds more than {limit} embedding inputs "
+                    f"(the limit per batch; an input array counts each of its elements).",
+                    "body.input",
+                )
+        if request is not None and row["state"] == "queued":
+            self.counter = self.counter or TokenCounter(self.registry, out.model)
+            out.tokens += self.counter.line(request)
+        if row["state"] == "failed":
+            out.rejected += 1
+        self.rows.add(**row)
+        return None
 
 
 def enforce_quotas(session: Session, batch: Batch, outcome: Outcome) -> None:
