@@ -36,7 +36,7 @@ from batchwright.online.admission import Caller, admit
 from batchwright.online.body import ClientGone, read_body
 from batchwright.online.call import Call
 from batchwright.online.chat_chunks import ChatChunkWriter
-from batchwright.online.chunks import ChunkWriter
+from batchwright.online.chunks import ChunkWriter, CompletionChunkWriter
 from batchwright.online.requests import check_request, refused, relay_request
 from batchwright.online.runtime import Runtime, runtime
 from batchwright.protocol.embeddings import EmbeddingRequest
@@ -172,7 +172,7 @@ async def _serve(
         await follower.close()
         raise _failure(first)
     if call.stream and not isinstance(req, EmbeddingRequest):
-        chunks = ChatChunkWriter if endpoint == CHAT else ChunkWriter
+        chunks = ChatChunkWriter if endpoint == CHAT else CompletionChunkWriter
         writer = chunks(online, req.include_usage, _fingerprint(follower))
         stream = _Stream(first, follower, writer, rt, caller, call)
         headers = {**SSE_HEADERS, **call.headers}
@@ -268,7 +268,7 @@ class _Stream:
         self,
         first: Event,
         follower: Follower,
-        writer: ChunkWriter | ChatChunkWriter,
+        writer: ChunkWriter,
         rt: Runtime,
         caller: Caller,
         call: Call,
