@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -47,6 +47,21 @@ def held_mid_batch(
                 return
         assert time.monotonic() < end, f"{batch_id}: {done} of {at_least} lines finished"
         time.sleep(0.05)
+
+
+def wait_until(
+    condition: Callable[[], Any], what: str, timeout: float = 120, every: float = 0.05
+) -> Any:
+    """Poll until `condition()` returns something true, and return it; fail naming `what`
+    after `timeout` seconds (a bound on a state that must come, not a guess at speed)."""
+    end = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise TimeoutError(f"{what} not reached in {timeout} s")
+        time.sleep(every)
 
 
 def line(custom_id: str, body: dict[str, Any] | None = None, **over: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from tests.faults.checks import (
 )
 from tests.faults.conftest import Stack
 from tests.faults.test_workers import _lines
-from tests.helpers import jsonl, line, submit
+from tests.helpers import jsonl, line, submit, wait_until
 
 
 def test_postgres_connections_dropped_mid_batch(fault: Stack) -> None:
@@ -71,11 +71,23 @@ def test_postgres_connections_dropped_mid_upload(fault: Stack) -> None:
     head, tail = upload_body(boundary, name, payload)
     cut = 3 * 1024 * 1024
 
+    def chunks_written() -> bool:
+        # An insert holds its table's ROW EXCLUSIVE lock until the transaction ends: the
+        # API's upload has written chunk rows that are not committed yet.
+        return bool(
+            fault.scalar(
+                "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+                "WHERE c.relname = 'file_chunks' AND l.mode = 'RowExclusiveLock' "
+                "AND l.granted AND l.pid <> pg_backend_pid() "
+                "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            )
+        )
+
     def body() -> Iterator[bytes]:
         yield head
         for i in range(0, cut, 256 * 1024):
             yield payload[i : i + 256 * 1024]
-        time.sleep(0.5)  # the API has written chunk rows in its open transaction
+        wait_until(chunks_written, "the API's upload transaction writes chunk rows")
         body.killed = fault.terminate_backends()  # type: ignore[attr-defined]
         for i in range(cut, len(payload), 256 * 1024):
             yield payload[i : i + 256 * 1024]

@@ -15,6 +15,7 @@ import redis
 from batchwright.relay.messages import OnlineRequest
 from batchwright.relay.worker_side import WorkerRelay
 from tests.conftest import REDIS, _unavailable
+from tests.helpers import wait_until
 
 T = TypeVar("T")
 
@@ -67,10 +68,4 @@ def run(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise TimeoutError(f"{what} not reached in {timeout} s")
+    return wait_until(condition, what, timeout, every=0.02)

@@ -21,6 +21,7 @@ import psycopg
 import pytest
 
 from tests.conftest import PG_ADMIN, REDIS, Proc, _free_port, _unavailable, create_key
+from tests.helpers import wait_until
 
 METRICS_KEY = "bw-test-metrics-key"
 METRICS = {"Authorization": f"Bearer {METRICS_KEY}"}
@@ -73,13 +74,7 @@ class Service:
             return list(cur.fetchall()) if cur.description else []
 
     def wait(self, condition: Any, timeout: float = 240, what: str = "condition") -> Any:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            value = condition()
-            if value:
-                return value
-            time.sleep(0.2)
-        raise TimeoutError(f"{what} not reached in {timeout} s")
+        return wait_until(condition, what, timeout, every=0.2)
 
 
 @pytest.fixture(scope="package")
