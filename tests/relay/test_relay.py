@@ -105,7 +105,9 @@ def test_events_come_back_in_order_and_end_with_done(relays: Relays) -> None:
             while True:
                 event = await follower.next()
                 assert event is not None
-                seen.append(event.type if not isinstance(event, Delta) else event.choices[0]["text"])
+                seen.append(
+                    event.type if not isinstance(event, Delta) else event.choices[0]["text"]
+                )
                 if isinstance(event, Done):
                     break
             assert follower.started is not None and follower.started.system_fingerprint == "fp"
