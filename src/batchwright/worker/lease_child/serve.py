@@ -1,4 +1,4 @@
-"""The lease process (see lease_process.py): a lease's database work beside the loop.
+"""The lease child's main (the generation process's side: generation/lease_process.py).
 
 `python -m batchwright.worker.lease_child FD`: FD is its end of a socket pair with the
 worker. It serves one lease at a time with the in-process path's own parts (Lease,
@@ -26,10 +26,10 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from batchwright.config import get_settings
-from batchwright.worker import budget
-from batchwright.worker.claims import Lease
-from batchwright.worker.dispatch import set_dispatcher
-from batchwright.worker.pipeline import ReadAhead, ResultWriter
+from batchwright.controlplane import budget
+from batchwright.controlplane.dispatch import set_dispatcher
+from batchwright.worker.lease_child.claims import Lease
+from batchwright.worker.lease_child.pipeline import ReadAhead, ResultWriter
 
 log = logging.getLogger("batchwright.lease_process")
 
@@ -151,7 +151,7 @@ def _serve(pipe: _Pipe, model: str, window: int) -> None:
             ("cancel", lease.cancels.drain(), batch_id)
         )
         # Shallow: lines queued here are ahead of a newcomer batch's (claims.py); in the
-        # worker's window (lease_process.py, a claim's worth) a newcomer's go first.
+        # worker's window (generation/lease_process.py, a claim's worth) a newcomer's go first.
         writer = ResultWriter(
             lease.token, model, settings.result_queue_size, settings.lease_seconds
         )
@@ -210,7 +210,3 @@ def main() -> None:
                 pipe.send(("error", repr(exc)[:500], budget.is_infrastructure(exc)))
         elif msg[0] == "close":  # after an error above: the lease is closed already
             pipe.send(("closed", 0, False, {}))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,8 +1,8 @@
 """A lease's database work in a process of its own, beside the generation loop.
 
 Claims, lease renewals, cancel checks and result writes run in a child process
-(lease_child.py) with the same parts as the in-process path (pipeline.py); the loop only
-hands requests and results over a socket. In one process the claim and writer threads
+(worker/lease_child/) with the same parts as the in-process path (its pipeline.py); the
+loop only hands requests and results over a socket. In one process the claim and writer threads
 hold the GIL while SQLAlchemy builds and runs their statements, and the loop waits for it
 at its next torch call: on the 2-core host the service path's extra wall time equalled
 those threads' CPU time (0.7 s per 2,000 lines). In a child, that work runs beside the
@@ -31,11 +31,12 @@ from typing import Any
 from sqlalchemy.exc import OperationalError
 
 from batchwright.config import Settings
+from batchwright.controlplane import budget
+from batchwright.controlplane.dispatch import get_dispatcher
 from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.serving.wire import Wire
-from batchwright.worker import budget, metrics
-from batchwright.worker.dispatch import get_dispatcher
-from batchwright.worker.pipeline import Line, Prepare
+from batchwright.worker import metrics
+from batchwright.worker.lease_child.pipeline import Line, Prepare
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +176,7 @@ class RemoteLease:
         return len(self._newcomers) + len(self._pending)
 
     def at_end(self) -> bool:
-        """No line left to hand over (worker/engine_host.py asks while rows run)."""
+        """No line left to hand over (worker/generation/engine_host.py asks while rows run)."""
         return self._ended and not (self._newcomers or self._pending or self._preparing)
 
     def __iter__(self) -> Iterator[Line]:
