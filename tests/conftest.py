@@ -141,7 +141,8 @@ class Proc:
         self.log = log
         self._fh = log.open("wb")
         # A session of its own: a worker and its lease process
-        # (worker/generation/lease_process.py) are one process group, frozen and killed together as a machine's death would.
+        # (worker/generation/lease_process.py) are one process group, frozen and killed
+        # together as a machine's death would.
         self.popen = subprocess.Popen(
             args, env=env, stdout=self._fh, stderr=subprocess.STDOUT, start_new_session=True
         )
