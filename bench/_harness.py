@@ -41,8 +41,8 @@ def temp_database(**settings: str) -> Iterator[str]:
     for key, value in settings.items():
         os.environ[f"BATCHWRIGHT_{key.upper()}"] = value
     reset_caches()
+    from batchwright.controlplane.dispatch import InlineDispatcher, set_dispatcher
     from batchwright.db.migrate import upgrade_head
-    from batchwright.worker.dispatch import InlineDispatcher, set_dispatcher
 
     upgrade_head(url)
     set_dispatcher(InlineDispatcher())

@@ -75,7 +75,7 @@ def multipart(n: int, line_bytes: int) -> Iterator[bytes]:
 
 CHILD = """
 import resource, sys
-from batchwright.worker import runner
+from batchwright.worker.generation import runner
 getattr(runner, sys.argv[1])(sys.argv[2])
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """

@@ -39,7 +39,7 @@ class InstantEngine:
     def run(
         self, requests: Iterable[Any], cancelled: Callable[[], Any] | None = None
     ) -> Iterator[Any]:
-        # `cancelled` is the engine's cancel hook (pipeline.generate passes the lease's);
+        # `cancelled` is the engine's cancel hook (runner.generate passes the lease's);
         # an engine that answers at once has nothing in flight to drop.
         from batchwright.engine.requests.types import GenResult
 
@@ -107,7 +107,7 @@ def run(n: int, lines: int, max_connections: int) -> dict[str, float]:
     from batchwright.db.models import BatchRequest
     from batchwright.db.session import get_engine, session_scope
     from batchwright.registry import ModelSpec, Registry
-    from batchwright.worker import runner
+    from batchwright.worker.generation import runner
 
     # One pool shared by every simulated worker, as a PgBouncer in front of Postgres would
     # be: at most `max_connections` server connections (this Postgres allows 100, shared

@@ -94,7 +94,7 @@ def thread_worker(
     from batchwright.config import get_settings
     from batchwright.engine.engine import Engine
     from batchwright.registry import ModelSpec, Registry
-    from batchwright.worker import runner
+    from batchwright.worker.generation import runner
 
     spec = ModelSpec(name="demo", path=model_path, max_rows=max_rows)
     registry = Registry(models={"demo": spec})
@@ -159,7 +159,7 @@ def main() -> None:
                 "models": json.dumps({"models": {"demo": model}}),
             }
             url = stack.enter_context(temp_database(**settings))
-            from batchwright.worker.dispatch import CeleryDispatcher, set_dispatcher
+            from batchwright.controlplane.dispatch import CeleryDispatcher, set_dispatcher
 
             set_dispatcher(CeleryDispatcher())  # validation is the workers' (control queue)
             env = {f"BATCHWRIGHT_{k.upper()}": v for k, v in settings.items()}

@@ -40,7 +40,7 @@ def main() -> None:
     from batchwright import control
     from batchwright.engine.engine import Engine
     from batchwright.registry import ModelSpec, Registry
-    from batchwright.worker import runner
+    from batchwright.worker.generation import runner
 
     torch.set_grad_enabled(False)
     home = Path(tempfile.mkdtemp(prefix="bw-prefix-service-"))

@@ -4,7 +4,7 @@
                    threads, and again with the service path's (fewer on a CPU-only host)
     service path:  runner.process on the validated batch in Postgres, as a worker runs
                    it: claims and result writes in the lease process
-                   (worker/lease_process.py), the engine's CPU threads set as the worker
+                   (worker/generation/lease_process.py), the engine's CPU threads set as the worker
                    sets them (runner.set_cpu_threads), until every line landed
     threads:       the same with claims and writes in threads of this process
                    (lease_process=false; pipeline.py), for comparison
@@ -88,9 +88,9 @@ def main() -> None:
     from batchwright.engine.requests.types import GenRequest
     from batchwright.registry import ModelSpec, Registry
     from batchwright.serving.lines import serve
-    from batchwright.worker import runner
-    from batchwright.worker.claims import Lease
-    from batchwright.worker.results import write_results
+    from batchwright.worker.generation import runner
+    from batchwright.worker.lease_child.claims import Lease
+    from batchwright.worker.lease_child.results import write_results
 
     home = demo_home()
     spec = ModelSpec(name="demo", path=home / "models" / "demo")
@@ -117,7 +117,7 @@ def main() -> None:
         with temp_database(home=str(home), work_slice_seconds="3600", lease_process=lease_process):
             from batchwright.db.session import session_scope
 
-            # A worker starts its lease process once (worker/lease_process.py): start it
+            # A worker starts its lease process once (worker/generation/lease_process.py): start it
             # here, on an empty queue, not inside the timing; and sets the engine's CPU
             # threads as the worker does (runner.set_cpu_threads).
             runner.process("demo", registry, lambda _: engine)

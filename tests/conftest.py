@@ -140,8 +140,9 @@ class Proc:
     def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
         self.log = log
         self._fh = log.open("wb")
-        # A session of its own: a worker and its lease process (worker/lease_process.py) are
-        # one process group, frozen and killed together as a machine's death would.
+        # A session of its own: a worker and its lease process
+        # (worker/generation/lease_process.py) are one process group, frozen and killed
+        # together as a machine's death would.
         self.popen = subprocess.Popen(
             args, env=env, stdout=self._fh, stderr=subprocess.STDOUT, start_new_session=True
         )

@@ -167,7 +167,7 @@ def test_run_reuses_a_shared_prefix_by_default(tmp_path: Path) -> None:
 _SLICED = """
 import sys
 from batchwright import cli
-from batchwright.worker import runner
+from batchwright.worker.generation import runner
 
 landed = []
 process = runner.process

@@ -9,13 +9,13 @@ from batchwright.api import errors, health, metrics
 from batchwright.api.body_guard import BodyGuard
 from batchwright.api.guards import RejectNulInURL
 from batchwright.batches.endpoints import router as batches_router
+from batchwright.controlplane.dispatch import CeleryDispatcher, set_dispatcher
 from batchwright.dashboard import routes as dashboard
 from batchwright.dashboard.security import SecurityHeaders
 from batchwright.files.endpoints import router as files_router
 from batchwright.online import endpoint as online
 from batchwright.online.runtime import lifespan
 from batchwright.webhooks import outbox
-from batchwright.worker.dispatch import CeleryDispatcher, set_dispatcher
 
 
 def create_app() -> FastAPI:

@@ -93,8 +93,8 @@ def _check_adapters() -> None:
     their bases as `adapters add` checks one: a malformed one stops the worker in one
     line (a base whose files are not built yet, the demo's, is checked at first use)."""
     from batchwright.adapter_files import AdapterError, check
+    from batchwright.controlplane.routing import served_models
     from batchwright.registry import load_registry
-    from batchwright.worker.routing import served_models
 
     registry = load_registry()
     try:
@@ -190,8 +190,8 @@ def worker(
     control work (validate, finalize, sweep, webhooks) in a control worker it starts and
     supervises beside it, so that control never waits for a generation slice."""
     from batchwright.config import get_settings
+    from batchwright.controlplane.routing import worker_queues
     from batchwright.worker import supervisor
-    from batchwright.worker.routing import worker_queues
 
     if supervised_by is not None:
         supervisor.bind_to_parent(supervised_by)
@@ -215,7 +215,7 @@ def worker(
     except ValueError as exc:
         Console(stderr=True).print(f"error: {exc}", highlight=False, soft_wrap=True, markup=False)
         raise typer.Exit(2) from None
-    from batchwright.worker.celery_app import celery_app
+    from batchwright.controlplane.celery_app import celery_app
 
     argv = [
         "worker",
@@ -262,7 +262,7 @@ def beat(
 ) -> None:
     """Run the periodic sweeper alone (one per deployment; needs the same two URLs)."""
     _require_service_urls("beat")
-    from batchwright.worker.celery_app import celery_app
+    from batchwright.controlplane.celery_app import celery_app
 
     if supervised_by is not None:
         from batchwright.worker.supervisor import bind_to_parent, tag_logs

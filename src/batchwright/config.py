@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     lease_seconds: int = 120
     claim_batch_size: int = 64
     # Failed runs of a line alone before it fails for good; a failed run it shared with
-    # other lines uses none (worker/budget.py).
+    # other lines uses none (controlplane/budget.py).
     max_attempts: int = 3
     # Runs of a line lost to worker deaths, lost leases, database/broker errors or OOM: they
     # do not use its attempts; past this many (the last ones alone) the line fails for good.
@@ -65,7 +65,7 @@ class Settings(BaseSettings):
     # How often a worker looks for cancelled batches among the lines it holds.
     cancel_poll_seconds: float = 2.0
 
-    # Shared service (routing, heartbeats, fair share, metrics); see worker/routing.py.
+    # Shared service (routing, heartbeats, fair share, metrics); see controlplane/routing.py.
     # Models this worker serves, comma-separated; empty: every model in the registry.
     worker_models: str = ""
     # A worker that only takes control work (validate, finalize, sweep): never imports torch.
@@ -75,7 +75,7 @@ class Settings(BaseSettings):
     # Results waiting for the writer thread, in results; the generation loop blocks past it.
     result_queue_size: int = 256
     # On Postgres, claims and result writes run in a process beside the generation loop
-    # (worker/lease_process.py), not in threads that take the GIL from it.
+    # (worker/generation/lease_process.py), not in threads that take the GIL from it.
     lease_process: bool = True
     # Intra-op threads of a model on the CPU; 0: one fewer than the cores with the lease
     # process (it and a local Postgres need one), else torch's default.

@@ -15,13 +15,13 @@ from sqlalchemy.orm import Session
 from batchwright import catalog
 from batchwright.batches import lifecycle, redrive
 from batchwright.config import Settings, get_settings
+from batchwright.controlplane import budget, routing
+from batchwright.controlplane.dispatch import FINALIZE, VALIDATE, get_dispatcher
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.db.session import session_scope
 from batchwright.files import purge
 from batchwright.registry import Registry
 from batchwright.webhooks import outbox
-from batchwright.worker import budget, routing
-from batchwright.worker.dispatch import FINALIZE, VALIDATE, get_dispatcher
 
 
 def validate_batch(batch_id: str, registry: Registry | None = None) -> None:
@@ -91,14 +91,14 @@ def sweep() -> dict[str, int]:
         # Lines a frozen worker holds locked mid-transaction are skipped, not waited for
         # (that wait held every other re-drive): the next sweep takes them once its
         # transaction ends, which a killed worker's connection does at once.
-        expired = (
+        lapsed = (
             select(BatchRequest.id)
             .where(BatchRequest.state == "running", BatchRequest.lease_expires_at < now)
             .with_for_update(skip_locked=True)
         )
         stats["requeued"] = session.execute(
             update(BatchRequest)
-            .where(BatchRequest.id.in_(expired.scalar_subquery()))
+            .where(BatchRequest.id.in_(lapsed.scalar_subquery()))
             # A lease that ran out: its worker died or lost touch; not the lines' doing.
             .values(state="queued", lease_token=None, lease_expires_at=None, **budget.LOST_RUN)
         ).rowcount  # type: ignore[attr-defined]

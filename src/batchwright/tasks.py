@@ -10,10 +10,10 @@ from celery.signals import worker_shutting_down
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from batchwright import control
+from batchwright.controlplane.celery_app import celery_app
 from batchwright.files import purge
 from batchwright.webhooks import delivery, outbox
-from batchwright.worker import hosts, runner
-from batchwright.worker.celery_app import celery_app
+from batchwright.worker.generation import hosts, runner
 
 outbox.install()
 

@@ -19,7 +19,7 @@ from batchwright.engine.embed.engine import EmbedEngine
 from batchwright.engine.embed.tiny import build_decoder, build_encoder
 from batchwright.engine.requests.types import GenRequest
 from batchwright.registry import ModelSpec
-from batchwright.worker.embedding import EmbeddingRunner
+from batchwright.worker.generation.embedding import EmbeddingRunner
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",

@@ -158,9 +158,9 @@ def test_batch_whose_input_expired_fails(client: OpenAI, service_env: dict[str, 
     from batchwright import control
     from batchwright.batches.service import create_batch
     from batchwright.config import get_settings
+    from batchwright.controlplane.dispatch import InlineDispatcher, get_dispatcher, set_dispatcher
     from batchwright.db.session import session_scope
     from batchwright.protocol.batches import CreateBatch
-    from batchwright.worker.dispatch import InlineDispatcher, get_dispatcher, set_dispatcher
 
     pg = service_env["BATCHWRIGHT_DATABASE_URL"]
     f = client.files.create(file=("late.jsonl", jsonl([line("late")])), purpose="batch")

@@ -45,7 +45,7 @@ def test_claims_hand_out_lines_grouped_by_prefix(client: Any) -> None:
     from batchwright.config import get_settings
     from batchwright.db.models import Batch, BatchRequest
     from batchwright.db.session import session_scope
-    from batchwright.worker.claims import Lease
+    from batchwright.worker.lease_child.claims import Lease
 
     requests = _lines()
     done = wait_batch(client, submit(client, jsonl(requests)).id)

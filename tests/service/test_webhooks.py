@@ -99,9 +99,9 @@ def test_completed_cancelled_and_expired_events(
 ) -> None:
     from batchwright.batches.service import create_batch
     from batchwright.config import get_settings
+    from batchwright.controlplane.dispatch import InlineDispatcher, get_dispatcher, set_dispatcher
     from batchwright.db.session import session_scope
     from batchwright.protocol.batches import CreateBatch
-    from batchwright.worker.dispatch import InlineDispatcher, get_dispatcher, set_dispatcher
 
     key = create_key(service_env, "hooks-events")
     client = project_client(api_url, key)

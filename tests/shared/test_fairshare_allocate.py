@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from batchwright.worker.fairshare import Flow, allocate
+from batchwright.worker.lease_child.fairshare import Flow, allocate
 
 
 def flows(*spec: tuple[str, str, float, int]) -> list[Flow]:

@@ -45,7 +45,7 @@ def test_generation_runs_on_while_result_writes_are_blocked(
 ) -> None:
     from batchwright import control
     from batchwright.registry import load_registry
-    from batchwright.worker import runner
+    from batchwright.worker.generation import runner
 
     client = svc.client(svc.key("team-loop"))
     batch = submit(client, jsonl([line(f"x{i}", {"model": "demo-b"}) for i in range(LINES)]))

@@ -15,9 +15,9 @@ from tests.shared.conftest import Service
 def recorder(service: Service, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
     """This process pointed at the service's database; messages recorded, not sent."""
     from batchwright.config import get_settings
+    from batchwright.controlplane import dispatch
+    from batchwright.controlplane.dispatch import queue_for
     from batchwright.db.session import get_engine, get_sessionmaker
-    from batchwright.worker import dispatch
-    from batchwright.worker.dispatch import queue_for
 
     def reset() -> None:
         get_settings.cache_clear()
@@ -57,9 +57,9 @@ def beat(svc: Service, wid: str, models: str, *, age: float = 0.0, in_flight: in
 
 
 def test_a_batch_wakes_every_live_worker_of_its_model(service: Service, recorder: Any) -> None:
+    from batchwright.controlplane import dispatch, routing
+    from batchwright.controlplane.dispatch import PROCESS
     from batchwright.db.session import session_scope
-    from batchwright.worker import dispatch, routing
-    from batchwright.worker.dispatch import PROCESS
 
     queue = service.env["BATCHWRIGHT_QUEUE"]
     beat(service, "w1", "demo")

@@ -9,11 +9,11 @@ from batchwright.api.deps import ProjectDep, SettingsDep
 from batchwright.api.metrics import metrics_reader
 from batchwright.api.responses import JSONBody
 from batchwright.catalog import registry
+from batchwright.controlplane.heartbeats import adapter_holders, model_capacity, model_refusals
 from batchwright.db.session import get_engine, session_scope
 from batchwright.errors import NotFound
 from batchwright.protocol.batches import ListObject, Model
 from batchwright.registry import Registry
-from batchwright.worker.heartbeat import adapter_holders, model_capacity, model_refusals
 
 router = APIRouter()
 

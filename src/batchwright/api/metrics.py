@@ -33,10 +33,10 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
 from batchwright.config import Settings, get_settings
+from batchwright.controlplane.heartbeats import capacity
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.db.session import session_scope
 from batchwright.errors import NotFound, Unauthorized
-from batchwright.worker.heartbeat import capacity
 
 REQUESTS = Counter(
     "batchwright_http_requests_total", "HTTP requests", ["method", "route", "status"]

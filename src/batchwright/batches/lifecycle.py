@@ -15,12 +15,12 @@ from sqlalchemy.orm import Session
 from batchwright.batches import output
 from batchwright.batches.validation import enforce_quotas, scan_input
 from batchwright.config import Settings
+from batchwright.controlplane import newcomers, routing
+from batchwright.controlplane.dispatch import FINALIZE, enqueue
 from batchwright.db.base import now
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.files import expiry
 from batchwright.registry import Registry
-from batchwright.worker import newcomers, routing
-from batchwright.worker.dispatch import FINALIZE, enqueue
 
 TERMINAL = {"completed", "failed", "cancelled", "expired"}
 UNFINISHED = ("queued", "running")

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from batchwright.batches import lifecycle
 from batchwright.config import Settings
+from batchwright.controlplane.dispatch import VALIDATE, enqueue
 from batchwright.db.base import new_id, now
 from batchwright.db.models import Batch
 from batchwright.db.pagination import page
@@ -25,7 +26,6 @@ from batchwright.protocol.batches import (
     RequestCounts,
 )
 from batchwright.protocol.endpoints import ENDPOINTS
-from batchwright.worker.dispatch import VALIDATE, enqueue
 
 WINDOWS = {"24h"}
 

@@ -10,9 +10,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from batchwright.config import Settings
+from batchwright.controlplane.heartbeats import live_after
 from batchwright.db.models import Batch, BatchRequest, WorkerHeartbeat
 from batchwright.protocol.endpoints import EMBEDDINGS
-from batchwright.worker.heartbeat import live_after
 
 TERMINAL = {"completed", "failed", "cancelled", "expired"}
 

@@ -31,8 +31,9 @@ class Project(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[int] = mapped_column(BigInteger)
-    # Share of a model's capacity relative to other projects (worker/fairshare.py); None:
-    # the default weight. Quotas (batches/quotas.py); None: no limit.
+    # Share of a model's capacity relative to other projects
+    # (worker/lease_child/fairshare.py); None: the default weight. Quotas
+    # (batches/quotas.py); None: no limit.
     weight: Mapped[float | None] = mapped_column(Float)
     max_enqueued_lines: Mapped[int | None] = mapped_column(BigInteger)
     max_enqueued_tokens: Mapped[int | None] = mapped_column(BigInteger)
@@ -163,7 +164,7 @@ class BatchRequest(Base):
     body: Mapped[str] = mapped_column(Text)
     # queued -> running -> succeeded | failed | cancelled | expired
     state: Mapped[str] = mapped_column(String(16))
-    # Runs charged to the line itself (its own errors); see worker/budget.py.
+    # Runs charged to the line itself (its own errors); see controlplane/budget.py.
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     # Runs lost to the infrastructure (worker death, lost lease, database, broker, OOM).
     infra_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
@@ -228,7 +229,8 @@ class OnlineUsage(Base):
 
 
 class WorkerHeartbeat(Base):
-    """A live worker process: what it serves and how busy it is (worker/heartbeat.py)."""
+    """A live worker process: what it serves and how busy it is (written by worker/stats.py,
+    read by controlplane/heartbeats.py)."""
 
     __tablename__ = "worker_heartbeats"
 

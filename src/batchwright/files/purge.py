@@ -14,10 +14,10 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from batchwright.config import Settings, get_settings
+from batchwright.controlplane.dispatch import Dispatcher
 from batchwright.db.base import now
 from batchwright.db.models import File, FileChunk
 from batchwright.db.session import session_scope
-from batchwright.worker.dispatch import Dispatcher
 
 log = logging.getLogger(__name__)
 

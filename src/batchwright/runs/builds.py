@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchwright.registry import DEMO_MODEL, ModelSpec
-from batchwright.worker import runner
+from batchwright.worker.generation import runner
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,11 @@ from sqlalchemy import case, select, update
 from batchwright.auth.service import get_or_create_project
 from batchwright.batches import service
 from batchwright.config import Settings, get_settings
+from batchwright.controlplane.dispatch import (
+    VALIDATE,
+    InlineDispatcher,
+    set_dispatcher,
+)
 from batchwright.db.base import now
 from batchwright.db.migrate import upgrade_head
 from batchwright.db.models import Batch, BatchRequest
@@ -34,11 +39,6 @@ from batchwright.runs.progress import LiveCounts, RunView
 from batchwright.runs.state import READ_BYTES, RunState, inspect_input
 from batchwright.runs.worker import InlineWorker, finished
 from batchwright.webhooks import outbox
-from batchwright.worker.dispatch import (
-    VALIDATE,
-    InlineDispatcher,
-    set_dispatcher,
-)
 
 POLL_SECONDS = 0.1
 # The database is read this often for the status; counts come from the worker thread.

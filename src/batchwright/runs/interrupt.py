@@ -21,7 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from batchwright.worker import runner
+from batchwright.worker.generation import runner
 
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 # How long the first signal waits for the worker to reach a step boundary.

@@ -13,7 +13,7 @@ from batchwright.runs.builds import first_use_builds
 from batchwright.runs.interrupt import Interrupt
 from batchwright.runs.progress import RunView
 from batchwright.runs.state import READ_BYTES
-from batchwright.worker import runner
+from batchwright.worker.generation import runner
 
 # A batch uses one model; a file naming more fails validation anyway. Past this many
 # distinct names the scan stops (validation reports the rest).

@@ -1,5 +1,5 @@
 """The in-process worker of `batchwright run`: the inline queue drained in a thread with
-the task functions Celery calls in the service (control.py, worker/runner.py)."""
+the task functions Celery calls in the service (control.py, worker/generation/runner.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING
 from sqlalchemy import func, select
 
 from batchwright import control
+from batchwright.controlplane.dispatch import FINALIZE, PROCESS, VALIDATE, InlineDispatcher
 from batchwright.db.models import BatchRequest
 from batchwright.db.session import session_scope
 from batchwright.registry import ModelSpec
 from batchwright.runs.builds import first_use_builds
 from batchwright.runs.interrupt import Interrupt
 from batchwright.runs.progress import Counting, LiveCounts, RunView
-from batchwright.worker import runner
-from batchwright.worker.dispatch import FINALIZE, PROCESS, VALIDATE, InlineDispatcher
+from batchwright.worker.generation import runner
 
 if TYPE_CHECKING:
     from batchwright.engine.engine import Engine

@@ -19,10 +19,10 @@ from sqlalchemy import event, inspect, or_, select
 from sqlalchemy.orm import Session
 
 from batchwright.config import get_settings
+from batchwright.controlplane.dispatch import Dispatcher, get_dispatcher
 from batchwright.db.base import new_id, now
 from batchwright.db.models import Batch, WebhookDelivery, WebhookEndpoint
 from batchwright.db.session import after_commit, session_scope
-from batchwright.worker.dispatch import Dispatcher, get_dispatcher
 
 DELIVER = "batchwright.deliver_webhook"
 EVENTS = {

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from batchwright import catalog
 from batchwright.config import Settings
 from batchwright.db.session import session_scope
-from batchwright.worker.heartbeat import STATS
+from batchwright.worker.stats import STATS
 
 if TYPE_CHECKING:
     from batchwright.engine.engine import Engine

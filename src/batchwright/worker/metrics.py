@@ -13,7 +13,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from batchwright.engine.requests.observer import Observer
 from batchwright.engine.requests.types import GenResult
-from batchwright.worker.heartbeat import STATS
+from batchwright.worker.stats import STATS
 
 if TYPE_CHECKING:
     from batchwright.engine.engine import Engine
@@ -46,7 +46,7 @@ RETRIES = Counter("batchwright_worker_task_retries_total", "Celery task retries"
 OOM_HALVINGS = Counter(
     "batchwright_worker_oom_halvings_total", "Out-of-memory halvings of max_rows", ["model"]
 )
-# Online requests (worker/online.py): they count in rows_in_flight and lines too.
+# Online requests (worker/generation/online.py): they count in rows_in_flight and lines too.
 ONLINE_IN_FLIGHT = Gauge(
     "batchwright_worker_online_in_flight", "Online requests in the engine", ["model"]
 )
@@ -118,6 +118,6 @@ class _Timing(Observer):
 
 def instrument(engine: Engine, model: str) -> None:
     """Time the engine's model forwards without touching it (an observer; an embedding
-    model's runner, worker/embedding.py, takes one the same way)."""
+    model's runner, worker/generation/embedding.py, takes one the same way)."""
     if not any(isinstance(o, _Timing) for o in engine.observers):
         engine.observe(_Timing(model))

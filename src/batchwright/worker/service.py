@@ -11,9 +11,10 @@ from typing import Any
 from celery.signals import task_retry, worker_ready, worker_shutdown
 
 from batchwright.config import get_settings
-from batchwright.worker import hosts, metrics
-from batchwright.worker.heartbeat import Heartbeat
-from batchwright.worker.routing import served_models
+from batchwright.controlplane.routing import served_models
+from batchwright.worker import metrics
+from batchwright.worker.generation import hosts
+from batchwright.worker.stats import Heartbeat
 
 _heartbeat: Heartbeat | None = None
 

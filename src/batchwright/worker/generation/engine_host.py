@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 from batchwright.engine.requests.types import WAKE, GenResult, ModelRefused, Wake
 from batchwright.serving.wire import Wire
-from batchwright.worker.claims import is_out_of_memory
-from batchwright.worker.pipeline import Line
+from batchwright.worker.lease_child.claims import is_out_of_memory
+from batchwright.worker.lease_child.pipeline import Line
 
 if TYPE_CHECKING:
     from batchwright.engine.engine import Engine
-    from batchwright.worker.online import OnlineWork
+    from batchwright.worker.generation.online import OnlineWork
 
 log = logging.getLogger(__name__)
 

@@ -14,13 +14,15 @@ from sqlalchemy import bindparam, select, update
 
 from batchwright import catalog
 from batchwright.config import Settings
+from batchwright.controlplane import budget, newcomers
+from batchwright.controlplane.budget import is_out_of_memory
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.db.session import session_scope
 from batchwright.engine.requests.types import GenRequest
-from batchwright.worker import budget, fairshare, metrics, newcomers
+from batchwright.worker import metrics
 from batchwright.worker.adapters import adapter_of
-from batchwright.worker.budget import is_out_of_memory
-from batchwright.worker.cancels import CancelWatch
+from batchwright.worker.lease_child import fairshare
+from batchwright.worker.lease_child.cancels import CancelWatch
 
 __all__ = ["Claimed", "Lease", "is_out_of_memory"]
 
@@ -71,7 +73,7 @@ class Lease:
         self._heartbeat: threading.Thread | None = None
         self.cancels = CancelWatch(self.token)
         self.cancelled = self.cancels.drain  # the engine's cancel hook
-        # A run of one line: its failure is that line's own (budget.py).
+        # A run of one line: its failure is that line's own (controlplane/budget.py).
         self.alone = False
         self.claimed = 0
 
@@ -190,7 +192,8 @@ class Lease:
             self._heartbeat.join(timeout=5)
         if exc[0] is not None:
             error = exc[1] if isinstance(exc[1], BaseException) else None
-            # Out of memory, a database or broker error: not the lines' doing (budget.py).
+            # Out of memory, a database or broker error: not the lines' doing
+            # (controlplane/budget.py).
             lost = budget.is_infrastructure(error)
             self.release(f"Worker error: {error!r}"[:500], lost=lost)
         else:
@@ -201,7 +204,7 @@ class Lease:
     def release(self, reason: str | None, *, refund: bool = False, lost: bool = False) -> None:
         """Give the rows this lease still holds back to the queue (`lost`: the run was lost
         to the infrastructure; a failure of a run of several lines is not charged to them
-        either: both are counted apart from the lines' own attempts, budget.py)."""
+        either: both are counted apart from the lines' own attempts, controlplane/budget.py)."""
         values: dict[str, object] = {
             "state": "queued",
             "lease_token": None,

@@ -43,7 +43,7 @@ class Dispatcher(Protocol):
 
 class CeleryDispatcher:
     def send(self, name: str, *args: Any) -> None:
-        from batchwright.worker.celery_app import celery_app
+        from batchwright.controlplane.celery_app import celery_app
 
         celery_app.send_task(name, args=list(args), queue=queue_for(name, args))
 

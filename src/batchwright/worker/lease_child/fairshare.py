@@ -23,8 +23,8 @@ from sqlalchemy.orm import Session
 
 from batchwright import catalog
 from batchwright.config import get_settings
+from batchwright.controlplane import budget
 from batchwright.db.models import Batch, BatchRequest, Project
-from batchwright.worker import budget
 
 # Rounds of re-allocation when a batch had fewer claimable lines than its share.
 _ROUNDS = 3
@@ -99,7 +99,7 @@ def _take_statement(filters: ColumnElement[bool]) -> Select[int]:
 
 
 # Built once (a claim's CPU is taken from its worker's generation loop), for lines that may
-# share a run and for suspects (budget.py), their limits bound per claim.
+# share a run and for suspects (controlplane/budget.py), their limits bound per claim.
 _FLOWS = {False: _flows_statement(budget.BATCHED), True: _flows_statement(budget.SUSPECT)}
 _TAKE = {False: _take_statement(budget.BATCHED), True: _take_statement(budget.SUSPECT)}
 _HELD_IN_FLIGHT = (
@@ -134,7 +134,7 @@ def held_in_flight(conn: Connection, models: list[str]) -> tuple[dict[str, int],
 def pick(session: Session, model: str, limit: int, *, suspects: bool = False) -> list[int]:
     """Ids of up to `limit` queued lines of `model`, locked (SKIP LOCKED), shared fairly.
 
-    `suspects`: lines that must run alone instead of those that may share (budget.py).
+    `suspects`: lines that must run alone instead of those that may share (controlplane/budget.py).
     The lines of `model`'s LoRA adapters are its lines too: one share of the model's
     rows between every project, whichever adapters their batches name."""
     conn = session.connection()

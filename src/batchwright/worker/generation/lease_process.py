@@ -1,8 +1,8 @@
 """A lease's database work in a process of its own, beside the generation loop.
 
 Claims, lease renewals, cancel checks and result writes run in a child process
-(lease_child.py) with the same parts as the in-process path (pipeline.py); the loop only
-hands requests and results over a socket. In one process the claim and writer threads
+(worker/lease_child/) with the same parts as the in-process path (its pipeline.py); the
+loop only hands requests and results over a socket. In one process the claim and writer threads
 hold the GIL while SQLAlchemy builds and runs their statements, and the loop waits for it
 at its next torch call: on the 2-core host the service path's extra wall time equalled
 those threads' CPU time (0.7 s per 2,000 lines). In a child, that work runs beside the
@@ -26,16 +26,36 @@ from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy.exc import OperationalError
 
 from batchwright.config import Settings
+from batchwright.controlplane import budget
+from batchwright.controlplane.dispatch import get_dispatcher
 from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.serving.wire import Wire
-from batchwright.worker import budget, metrics
-from batchwright.worker.dispatch import get_dispatcher
-from batchwright.worker.pipeline import Line, Prepare
+from batchwright.worker import metrics
+from batchwright.worker.lease_child.messages import (
+    Cancelled,
+    Close,
+    Closed,
+    Counters,
+    Credit,
+    Dispatch,
+    End,
+    Error,
+    Failure,
+    Open,
+    Opened,
+    Requests,
+    Results,
+    Stats,
+    Stop,
+    ToChild,
+    ToWorker,
+)
+from batchwright.worker.lease_child.pipeline import Line, Prepare
 
 log = logging.getLogger(__name__)
 
@@ -96,20 +116,21 @@ def _give_back(child: _Child) -> None:
         _idle.append(child)
 
 
-def _failure(text: str, infrastructure: bool) -> Exception:
+def _failure(failure: Failure) -> Exception:
     # Raised in the worker as the in-process path would have: a database error stays one
     # (Celery retries it; the budget counts it as a lost run, not the lines' fault).
-    if infrastructure:
+    text = failure.text
+    if failure.infrastructure:
         return OperationalError(f"lease process: {text}", None, ConnectionError(text))
     return RuntimeError(f"lease process: {text}")
 
 
-def _record(stats: dict[str, Any]) -> None:
+def _record(counters: Counters) -> None:
     """The lease process's counters, into this process's metrics (the ones served)."""
-    metrics.LEASE_RENEWALS.inc(stats.get("renewals", 0))
-    if stats.get("expired"):
-        metrics.LEASE_EXPIRIES.inc(stats["expired"])
-    for seconds in stats.get("write_seconds", ()):
+    metrics.LEASE_RENEWALS.inc(counters.renewals)
+    if counters.expired:
+        metrics.LEASE_EXPIRIES.inc(counters.expired)
+    for seconds in counters.write_seconds:
         metrics.RESULT_WRITE_SECONDS.observe(seconds)
 
 
@@ -175,7 +196,7 @@ class RemoteLease:
         return len(self._newcomers) + len(self._pending)
 
     def at_end(self) -> bool:
-        """No line left to hand over (worker/engine_host.py asks while rows run)."""
+        """No line left to hand over (worker/generation/engine_host.py asks while rows run)."""
         return self._ended and not (self._newcomers or self._pending or self._preparing)
 
     def __iter__(self) -> Iterator[Line]:
@@ -190,7 +211,7 @@ class RemoteLease:
             req = (self._newcomers or self._pending).popleft()
             self._taken += 1
             if self._taken * 2 >= self._window:
-                self._send(("credit", self._taken))
+                self._send(Credit(self._taken))
                 self._taken = 0
             if req.key in self._cancelled:
                 continue  # cancelled between its claim and the engine asking for it
@@ -214,25 +235,25 @@ class RemoteLease:
 
     # --- the pipe ------------------------------------------------------------------------
 
-    def _send(self, msg: tuple[Any, ...]) -> None:
+    def _send(self, msg: ToChild) -> None:
         assert self._child is not None
         try:
             self._child.conn.send(msg)
         except OSError as exc:
-            raise _failure(f"lease process gone ({exc!r})", True) from exc
+            raise _failure(Failure(f"lease process gone ({exc!r})", True)) from exc
 
-    def _recv(self) -> tuple[Any, ...]:
+    def _recv(self) -> ToWorker:
         assert self._child is not None
         try:
-            msg: tuple[Any, ...] = self._child.conn.recv()
+            msg: ToWorker = self._child.conn.recv()
         except (EOFError, OSError) as exc:
-            raise _failure(f"lease process gone ({exc!r})", True) from exc
+            raise _failure(Failure(f"lease process gone ({exc!r})", True)) from exc
         return msg
 
     def _flush(self) -> None:
         if self._results:
             results, self._results = self._results, []
-            self._send(("results", results))
+            self._send(Results(results))
             metrics.finished(self.model, results)
 
     def _pump(self, *, block: bool) -> None:
@@ -241,7 +262,7 @@ class RemoteLease:
         self._flush()
         if self.stop.is_set() and not self._stopping:
             self._stopping = True
-            self._send(("stop",))
+            self._send(Stop())
         if self._unreported:
             metrics.handed(self.model, self._unreported)
             self._unreported = 0
@@ -249,30 +270,32 @@ class RemoteLease:
             block = False
             self._handle(self._recv())
 
-    def _handle(self, msg: tuple[Any, ...]) -> None:
-        kind = msg[0]
-        if kind == "reqs":
-            if self._older is None:
-                self._older = {r.group for r in msg[1]}
-            if self.prepare is None:
-                self._sort([(r.group, r) for r in msg[1]])
-            else:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="prepare")
-                self._preparing.append(self._pool.submit(self._prepared, msg[1], self.prepare))
-        elif kind == "end":
-            self._ended, self.more_work = True, msg[1]
-        elif kind == "cancel":
-            self._cancelled |= msg[1]
-            self._new_cancels |= msg[1]
-            # Finalizing sends messages and takes locks: not on the generation loop.
-            threading.Thread(target=self.on_cancel, args=(msg[2],), daemon=True).start()
-        elif kind == "stats":
-            _record(msg[1])
-        elif kind == "dispatch":
-            get_dispatcher().send(msg[1], *msg[2])
-        elif kind == "error":
-            raise _failure(msg[1], msg[2])
+    def _handle(self, msg: ToWorker) -> None:
+        match msg:
+            case Requests(requests):
+                if self._older is None:
+                    self._older = {r.group for r in requests}
+                if self.prepare is None:  # an engine that takes lines as they are
+                    self._sort([(r.group, cast(Line, r)) for r in requests])
+                else:
+                    if self._pool is None:
+                        self._pool = ThreadPoolExecutor(1, thread_name_prefix="prepare")
+                    self._preparing.append(
+                        self._pool.submit(self._prepared, requests, self.prepare)
+                    )
+            case End(more_work):
+                self._ended, self.more_work = True, more_work
+            case Cancelled(keys, batch_id):
+                self._cancelled |= keys
+                self._new_cancels |= keys
+                # Finalizing sends messages and takes locks: not on the generation loop.
+                threading.Thread(target=self.on_cancel, args=(batch_id,), daemon=True).start()
+            case Stats(counters):
+                _record(counters)
+            case Dispatch(task, args):
+                get_dispatcher().send(task, *args)
+            case Error(failure):
+                raise _failure(failure)
 
     @staticmethod
     def _prepared(lines: list[GenRequest], prepare: Prepare) -> list[tuple[Any, Line]]:
@@ -294,15 +317,15 @@ class RemoteLease:
     def __enter__(self) -> RemoteLease:
         self._child = _acquire(self.settings)
         try:
-            self._send(("open", self.model, self._window))
+            self._send(Open(self.model, self._window))
             msg = self._recv()
-            while msg[0] != "opened":
+            while not isinstance(msg, Opened):
                 self._handle(msg)
                 msg = self._recv()
         except BaseException:
             self._child.close()
             raise
-        self.token = msg[1]
+        self.token = msg.token
         return self
 
     def __exit__(
@@ -313,17 +336,16 @@ class RemoteLease:
             self._pool.shutdown(wait=False, cancel_futures=True)
         child, error = self._child, None
         if exc is not None:
-            infra = budget.is_infrastructure(exc)
-            error = (repr(exc)[:500], infra)
-        failed: tuple[str, bool] | None = None
+            error = Failure(repr(exc)[:500], budget.is_infrastructure(exc))
+        failed: Failure | None = None
         try:
             self._flush()
-            self._send(("close", error))
+            self._send(Close(error))
             msg = self._recv()
-            while msg[0] != "closed":
-                if msg[0] == "error":
-                    failed = (msg[1], msg[2])
-                elif msg[0] != "reqs":
+            while not isinstance(msg, Closed):
+                if isinstance(msg, Error):
+                    failed = msg.failure
+                elif not isinstance(msg, Requests):
                     self._handle(msg)
                 msg = self._recv()
         except BaseException:
@@ -332,11 +354,11 @@ class RemoteLease:
                 raise
             return
         _give_back(child)
-        self.landed, stats = msg[1], msg[3]
+        self.landed = msg.landed
         metrics.handed(self.model, self._unreported)
-        self.more_work = self.more_work or msg[2]
+        self.more_work = self.more_work or msg.more_work
         if self.handed > self.received:
             metrics.released(self.model, self.handed - self.received)
-        _record(stats)
+        _record(msg.counters)
         if failed is not None and exc is None:
-            raise _failure(*failed)
+            raise _failure(failed)

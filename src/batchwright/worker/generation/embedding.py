@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 class EmbeddingRunner:
-    """What worker/runner.py loads for a model whose registry entry embeds."""
+    """What worker/generation/runner.py loads for a model whose registry entry embeds."""
 
     def __init__(self, engine: EmbedEngine) -> None:
         self.engine = engine
@@ -62,7 +62,7 @@ class EmbeddingRunner:
         body = greq.body
         if endpoint_of(body) != EMBEDDINGS:
             why = task_error(endpoint_of(body), self.model_name, "embed")
-            error = {
+            error: dict[str, Any] | None = {
                 "message": why,
                 "type": "invalid_request_error",
                 "param": "model",

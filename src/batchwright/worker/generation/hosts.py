@@ -1,16 +1,16 @@
 """The engine hosts of a worker's generation process: one per served model, started when
-the worker is ready, each loading its model in its own thread (worker/engine_host.py)."""
+the worker is ready, each loading its model in its own thread (worker/generation/engine_host.py)."""
 
 from __future__ import annotations
 
 import threading
 
 from batchwright.config import Settings
+from batchwright.controlplane.routing import served_models
 from batchwright.registry import load_registry
-from batchwright.worker import lease_process, runner
-from batchwright.worker.engine_host import EngineHost
-from batchwright.worker.online import start_online
-from batchwright.worker.routing import served_models
+from batchwright.worker.generation import lease_process, runner
+from batchwright.worker.generation.engine_host import EngineHost
+from batchwright.worker.generation.online import start_online
 
 _hosts: dict[str, EngineHost] = {}
 _lock = threading.Lock()

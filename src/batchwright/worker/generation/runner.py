@@ -6,18 +6,23 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from batchwright.config import Settings, get_settings
+from batchwright.controlplane import routing
+from batchwright.controlplane.dispatch import FINALIZE, PROCESS, get_dispatcher
 from batchwright.engine.requests.types import ModelRefused
 from batchwright.registry import ModelSpec, Registry, load_registry
-from batchwright.worker import adapters, heartbeat, lease_process, metrics, pipeline, routing
-from batchwright.worker.claims import Lease, is_out_of_memory
-from batchwright.worker.dispatch import FINALIZE, PROCESS, get_dispatcher
+from batchwright.serving.wire import Wire
+from batchwright.worker import adapters, metrics
+from batchwright.worker.generation import lease_process
+from batchwright.worker.lease_child import pipeline
+from batchwright.worker.lease_child.claims import Lease, is_out_of_memory
+from batchwright.worker.stats import STATS
 
 if TYPE_CHECKING:
     from batchwright.engine.engine import Engine
-    from batchwright.worker.engine_host import EngineHost
+    from batchwright.worker.generation.engine_host import EngineHost
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +52,7 @@ def _load(spec: ModelSpec) -> Engine:
         try:
             if spec.kind == "embed":
                 from batchwright.engine.embed.engine import EmbedEngine
-                from batchwright.worker.embedding import EmbeddingRunner
+                from batchwright.worker.generation.embedding import EmbeddingRunner
 
                 # The same contract (run, max_rows, lm) over the embedding engine.
                 _engines[spec.name] = EmbeddingRunner(EmbedEngine.load(spec))  # type: ignore[assignment]
@@ -56,8 +61,8 @@ def _load(spec: ModelSpec) -> Engine:
         except ModelRefused as exc:
             # Known at load, before any line is claimed: the heartbeat stops advertising
             # the model and says why (/v1/models, batch validation).
-            with heartbeat.STATS.lock:
-                heartbeat.STATS.refused[spec.name] = str(exc)
+            with STATS.lock:
+                STATS.refused[spec.name] = str(exc)
             raise
         set_cpu_threads(_engines[spec.name], get_settings())
         adapters.attach(_engines[spec.name], spec.name, get_settings())
@@ -93,11 +98,11 @@ def process(
     `on_cancel(batch_id)` runs, off the generation loop, once lines this lease held of a
     cancelled batch are closed: the caller finalizes it there (control.finalize_batch).
     Without one the batch's finalize is sent as a message. `host`: the model's engine
-    loop in this process (worker/engine_host.py), shared with online requests; without
+    loop in this process (worker/generation/engine_host.py), shared with online requests; without
     one the lease runs the engine itself."""
     settings = get_settings()
     spec = (registry or load_registry(settings)).get(model)
-    if spec is None or not routing.serves(model, settings) or model in heartbeat.STATS.refused:
+    if spec is None or not routing.serves(model, settings) or model in STATS.refused:
         return 0  # a model this process refused at load takes no lines here
     engine = engine_provider(spec)
     landed = 0
@@ -116,7 +121,7 @@ def process(
         else:
             with Lease(model, settings, SHUTDOWN) as lease:
                 lease.cancels.on_batch = on_cancel or _finalize
-                landed = pipeline.generate(
+                landed = generate(
                     engine, lease, model, settings, cancelled=lease.cancelled, host=host
                 )
     except Exception as exc:
@@ -134,6 +139,42 @@ def process(
     if lease.more_work and not SHUTDOWN.is_set():
         get_dispatcher().send(PROCESS, model)
     return landed
+
+
+def generate(
+    engine: Any,
+    lease: Any,
+    model: str,
+    settings: Any,
+    cancelled: Any | None = None,
+    host: Any | None = None,
+) -> int:
+    """Run `engine` on the lease's lines; returns how many results landed. `cancelled`:
+    the engine's cancel hook (Engine.run(requests, cancelled=...)), passed through.
+    `host`: the model's engine loop (engine_host.py) runs them instead."""
+    # The engine's window (engine/scheduling/intake.py) hides a claim's latency; lines queued here
+    # are ahead of a newcomer's (lease_child/claims.py), so only a few wait here.
+    writer = pipeline.ResultWriter(
+        lease.token, model, settings.result_queue_size, settings.lease_seconds
+    )
+    depth = max(1, settings.claim_batch_size // 8)
+    # An engine that takes lines as they are (a test's stand-in) has no preparer.
+    prepare = getattr(engine, "prepare", None)
+    feed = pipeline.ReadAhead(lease.requests(), model, depth, writer.handed, prepare)
+    try:
+        with writer:
+            if host is not None:
+                host.run_lease(feed, writer.put, cancelled)
+            else:
+                hook = {} if cancelled is None else {"cancelled": cancelled}
+                wire = Wire(engine)
+                for result in engine.run(feed, **hook):
+                    writer.put(wire(result))
+    finally:
+        feed.close()
+        if feed.handed > writer.received:
+            metrics.released(model, feed.handed - writer.received)
+    return writer.landed
 
 
 def _finalize(batch_id: str) -> None:

@@ -1,14 +1,10 @@
-"""The lease process (see lease_process.py): a lease's database work beside the loop.
+"""The lease child's main (the generation process's side: generation/lease_process.py).
 
 `python -m batchwright.worker.lease_child FD`: FD is its end of a socket pair with the
 worker. It serves one lease at a time with the in-process path's own parts (Lease,
 ReadAhead, ResultWriter), the pipe standing in for the engine, and waits for the next.
 
-Messages (pickled tuples), worker to here: ("open", model, window), ("credit", n),
-("results", [GenResult]), ("stop",), ("close", error); here to worker: ("opened",
-token), ("reqs", [GenRequest]), ("end", more_work), ("cancel", keys, batch_id),
-("dispatch", task, args), ("stats", counters), ("error", text, infrastructure), ("closed",
-landed, more_work, counters).
+The messages, either way, are messages.py's.
 
 End of file means the worker died: this exits at once and leaves its lines to the lease's
 expiry, as a worker death did before (the sweeper re-queues them, charged to no line).
@@ -26,10 +22,29 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from batchwright.config import get_settings
-from batchwright.worker import budget
-from batchwright.worker.claims import Lease
-from batchwright.worker.dispatch import set_dispatcher
-from batchwright.worker.pipeline import ReadAhead, ResultWriter
+from batchwright.controlplane import budget
+from batchwright.controlplane.dispatch import set_dispatcher
+from batchwright.worker.lease_child.claims import Lease
+from batchwright.worker.lease_child.messages import (
+    Cancelled,
+    Close,
+    Closed,
+    Counters,
+    Credit,
+    Dispatch,
+    End,
+    Error,
+    Failure,
+    Open,
+    Opened,
+    Requests,
+    Results,
+    Stats,
+    Stop,
+    ToChild,
+    ToWorker,
+)
+from batchwright.worker.lease_child.pipeline import ReadAhead, ResultWriter
 
 log = logging.getLogger("batchwright.lease_process")
 
@@ -41,13 +56,13 @@ class _Pipe:
         self.conn = conn
         self._lock = threading.Lock()
 
-    def send(self, msg: tuple[Any, ...]) -> None:
+    def send(self, msg: ToWorker) -> None:
         with self._lock:
             self.conn.send(msg)
 
-    def recv(self) -> tuple[Any, ...]:
+    def recv(self) -> ToChild:
         try:
-            msg: tuple[Any, ...] = self.conn.recv()
+            msg: ToChild = self.conn.recv()
         except (EOFError, OSError):
             os._exit(0)  # the worker is gone: so is this lease (see the module's note)
         return msg
@@ -61,7 +76,7 @@ class _PipeDispatcher:
         self.pipe = pipe
 
     def send(self, name: str, *args: Any) -> None:
-        self.pipe.send(("dispatch", name, args))
+        self.pipe.send(Dispatch(name, args))
 
 
 class _Credit:
@@ -108,15 +123,11 @@ class _Report:
     def due(self) -> bool:
         return time.monotonic() - self._last >= self.EVERY
 
-    def delta(self) -> dict[str, Any]:
+    def delta(self) -> Counters:
         self._last = time.monotonic()
         renewals, expired = self.lease.renewals, self.writer.expired
         timings = self.writer.timings[self._writes :]
-        out = {
-            "renewals": renewals - self._renewals,
-            "expired": expired - self._expired,
-            "write_seconds": timings,
-        }
+        out = Counters(renewals - self._renewals, expired - self._expired, timings)
         self._renewals, self._expired = renewals, expired
         self._writes += len(timings)
         return out
@@ -132,26 +143,26 @@ def _send_requests(pipe: _Pipe, feed: ReadAhead, lease: Lease, credit: _Credit) 
                 batch.append(next(it, None))
             requests = [r for r in batch if r is not None]
             if requests:
-                pipe.send(("reqs", requests))
+                pipe.send(Requests(requests))
             if len(requests) < len(batch):
-                pipe.send(("end", lease.more_work))
+                pipe.send(End(lease.more_work))
                 return
     except BaseException as exc:
         log.warning("claims failed: %r", exc)
-        pipe.send(("error", repr(exc)[:500], budget.is_infrastructure(exc)))
+        pipe.send(Error(Failure(repr(exc)[:500], budget.is_infrastructure(exc))))
 
 
 def _serve(pipe: _Pipe, model: str, window: int) -> None:
     settings = get_settings()
     stop = threading.Event()
-    error: tuple[str, bool] | None = None
+    error: Failure | None = None
     with Lease(model, settings, stop) as lease:
         # Finalizing a cancelled batch is the worker's (it has the dispatcher).
         lease.cancels.on_batch = lambda batch_id: pipe.send(
-            ("cancel", lease.cancels.drain(), batch_id)
+            Cancelled(lease.cancels.drain(), batch_id)
         )
         # Shallow: lines queued here are ahead of a newcomer batch's (claims.py); in the
-        # worker's window (lease_process.py, a claim's worth) a newcomer's go first.
+        # worker's window (generation/lease_process.py, a claim's worth) a newcomer's go first.
         writer = ResultWriter(
             lease.token, model, settings.result_queue_size, settings.lease_seconds
         )
@@ -163,24 +174,23 @@ def _serve(pipe: _Pipe, model: str, window: int) -> None:
             target=_send_requests, args=(pipe, feed, lease, credit), daemon=True, name="requests"
         )
         report = _Report(lease, writer)
-        pipe.send(("opened", lease.token))
+        pipe.send(Opened(lease.token))
         try:
             with writer:
                 sender.start()
                 while True:
-                    msg = pipe.recv()
-                    if msg[0] == "results":
-                        for result in msg[1]:
-                            writer.put(result)
-                        if report.due():
-                            pipe.send(("stats", report.delta()))
-                    elif msg[0] == "credit":
-                        credit.add(msg[1])
-                    elif msg[0] == "stop":
-                        stop.set()
-                    elif msg[0] == "close":
-                        error = msg[1]
-                        break
+                    match pipe.recv():
+                        case Results(results):
+                            for result in results:
+                                writer.put(result)
+                            if report.due():
+                                pipe.send(Stats(report.delta()))
+                        case Credit(n):
+                            credit.add(n)
+                        case Stop():
+                            stop.set()
+                        case Close(error):
+                            break
         finally:
             stop.set()
             credit.close()
@@ -188,9 +198,9 @@ def _serve(pipe: _Pipe, model: str, window: int) -> None:
             sender.join(timeout=30)
         if error is not None:
             # The run failed in the worker; the results it had sent are written above.
-            lease.release(f"Worker error: {error[0]}"[:500], lost=error[1])
+            lease.release(f"Worker error: {error.text}"[:500], lost=error.infrastructure)
         # Leaving the lease gives back what was claimed and never finished (refunded).
-    pipe.send(("closed", writer.landed, lease.more_work, report.delta()))
+    pipe.send(Closed(writer.landed, lease.more_work, report.delta()))
 
 
 def main() -> None:
@@ -201,16 +211,12 @@ def main() -> None:
     pipe = _Pipe(Connection(int(sys.argv[1])))
     set_dispatcher(_PipeDispatcher(pipe))
     while True:
-        msg = pipe.recv()
-        if msg[0] == "open":
-            try:
-                _serve(pipe, msg[1], msg[2])
-            except BaseException as exc:  # the lease could not open or close: say so
-                log.warning("lease failed: %r", exc)
-                pipe.send(("error", repr(exc)[:500], budget.is_infrastructure(exc)))
-        elif msg[0] == "close":  # after an error above: the lease is closed already
-            pipe.send(("closed", 0, False, {}))
-
-
-if __name__ == "__main__":
-    main()
+        match pipe.recv():
+            case Open(model, window):
+                try:
+                    _serve(pipe, model, window)
+                except BaseException as exc:  # the lease could not open or close: say so
+                    log.warning("lease failed: %r", exc)
+                    pipe.send(Error(Failure(repr(exc)[:500], budget.is_infrastructure(exc))))
+            case Close():  # after an error above: the lease is closed already
+                pipe.send(Closed(0, False, Counters()))

@@ -10,9 +10,9 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from batchwright.config import Settings, get_settings
+from batchwright.controlplane import heartbeats
+from batchwright.controlplane.dispatch import PROCESS, control_queue, enqueue, model_queue
 from batchwright.registry import Registry, load_registry
-from batchwright.worker import heartbeat
-from batchwright.worker.dispatch import PROCESS, control_queue, enqueue, model_queue
 
 
 def served_models(settings: Settings | None = None, registry: Registry | None = None) -> list[str]:
@@ -59,7 +59,7 @@ def wake(session: Session, model: str, *, idle_only: bool = False) -> int:
     `model` is a queue's model: a LoRA adapter's lines wake its base's workers (callers
     pass the base).
     """
-    count = max(1, heartbeat.live_workers(session, model, idle_only=idle_only))
+    count = max(1, heartbeats.live_workers(session, model, idle_only=idle_only))
     for _ in range(count):
         enqueue(session, PROCESS, model)
     return count

@@ -22,9 +22,8 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from batchwright.db.session import session_scope
 from batchwright.engine.requests.request import EngineRequest
 from batchwright.engine.requests.types import GenRequest, GenResult
-from batchwright.serving.wire import Wire
 from batchwright.worker import metrics
-from batchwright.worker.results import write_results
+from batchwright.worker.lease_child.results import write_results
 
 # A line prepared for the engine (engine/requests/prepare.py): a request, or its refusal.
 Line = EngineRequest | GenResult
@@ -119,7 +118,7 @@ class ReadAhead:
         return len(self._items)
 
     def at_end(self) -> bool:
-        """The next item is the end (or a failure): worker/engine_host.py asks."""
+        """The next item is the end (or a failure): worker/generation/engine_host.py asks."""
         with self._lock:
             return bool(self._items) and (
                 self._items[0] is _END or isinstance(self._items[0], _Failed)
@@ -134,7 +133,7 @@ class ReadAhead:
                 while not self._items and not self._stop:
                     self._not_empty.wait()
                 if not self._items:
-                    return  # closed from another thread (lease_child.py)
+                    return  # closed from another thread (serve.py)
                 item = self._items.popleft()
                 if len(self._items) == self._low:
                     self._low_water.notify()
@@ -281,37 +280,3 @@ class ResultWriter:
         if landed < len(buffer):
             self.expired += len(buffer) - landed
             metrics.LEASE_EXPIRIES.inc(len(buffer) - landed)
-
-
-def generate(
-    engine: Any,
-    lease: Any,
-    model: str,
-    settings: Any,
-    cancelled: Any | None = None,
-    host: Any | None = None,
-) -> int:
-    """Run `engine` on the lease's lines; returns how many results landed. `cancelled`:
-    the engine's cancel hook (Engine.run(requests, cancelled=...)), passed through.
-    `host`: the model's engine loop (worker/engine_host.py) runs them instead."""
-    # The engine's window (engine/scheduling/intake.py) hides a claim's latency; lines queued here
-    # are ahead of a newcomer's (claims.py), so only a few wait here.
-    writer = ResultWriter(lease.token, model, settings.result_queue_size, settings.lease_seconds)
-    depth = max(1, settings.claim_batch_size // 8)
-    # An engine that takes lines as they are (a test's stand-in) has no preparer.
-    prepare = getattr(engine, "prepare", None)
-    feed = ReadAhead(lease.requests(), model, depth, writer.handed, prepare)
-    try:
-        with writer:
-            if host is not None:
-                host.run_lease(feed, writer.put, cancelled)
-            else:
-                hook = {} if cancelled is None else {"cancelled": cancelled}
-                wire = Wire(engine)
-                for result in engine.run(feed, **hook):
-                    writer.put(wire(result))
-    finally:
-        feed.close()
-        if feed.handed > writer.received:
-            metrics.released(model, feed.handed - writer.received)
-    return writer.landed

@@ -33,10 +33,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
+from batchwright.controlplane.dispatch import FINALIZE, enqueue
 from batchwright.db.base import now
 from batchwright.db.models import Batch, BatchRequest, Completion
 from batchwright.engine.requests.types import GenResult
-from batchwright.worker.dispatch import FINALIZE, enqueue
 
 _UNFINISHED = ("queued", "running")
 

@@ -64,8 +64,9 @@ def is_infrastructure(exc: BaseException | None) -> bool:
     return False
 
 
-# The claim filters, their limits bound per claim (`limits`): claims.py and fairshare.py
-# build their statements once, at import, around these.
+# The claim filters, their limits bound per claim (`limits`): the lease child's claims.py
+# and fairshare.py (worker/lease_child/) build their statements once, at import, around
+# these.
 BATCHED: ColumnElement[bool] = and_(
     # Lines that may share a run.
     BatchRequest.attempts < bindparam("attempt_cap"),
