@@ -205,8 +205,8 @@ def fault(stack: Stack) -> Iterator[Stack]:
 def in_process(fault: Stack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """Point this process's settings at the fault database, tasks queued in memory."""
     from batchwright.config import get_settings
+    from batchwright.controlplane import dispatch
     from batchwright.db.session import get_engine, get_sessionmaker
-    from batchwright.worker import dispatch
 
     def reset() -> None:
         get_settings.cache_clear()

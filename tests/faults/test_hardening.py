@@ -83,7 +83,7 @@ def test_finalize_that_keeps_raising_ends_failed(
 ) -> None:
     from batchwright import control
     from batchwright.batches import output
-    from batchwright.worker import runner
+    from batchwright.worker.generation import runner
 
     client = fault.client()
     batch, _ = _validated(fault, "redrive-f")

@@ -45,7 +45,7 @@ def _twice(fn: Callable[[], Any]) -> list[Any]:
 
 def test_tasks_run_twice_at_once(fault: Stack, in_process: Any) -> None:
     from batchwright import control
-    from batchwright.worker import runner
+    from batchwright.worker.generation import runner
 
     client = fault.client()
     requests = _lines("twice", 60, 8)
@@ -91,7 +91,7 @@ def test_late_write_after_lease_lost_is_dropped(fault: Stack, in_process: Any) -
     """A worker that stalls past its lease: the sweeper re-queues its rows, another run
     completes them, and the stalled run's results are dropped, not written twice."""
     from batchwright import control
-    from batchwright.worker import runner
+    from batchwright.worker.generation import runner
 
     client = fault.client()
     requests = _lines("late", 20, 8)
@@ -175,7 +175,8 @@ def test_work_slice_gives_the_queue_back(
     it holds and asks for a follow-up run."""
     from batchwright import control
     from batchwright.config import get_settings
-    from batchwright.worker import dispatch, runner
+    from batchwright.controlplane import dispatch
+    from batchwright.worker.generation import runner
 
     monkeypatch.setenv("BATCHWRIGHT_WORK_SLICE_SECONDS", "1")
     get_settings.cache_clear()

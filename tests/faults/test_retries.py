@@ -17,9 +17,10 @@ from tests.helpers import jsonl, submit
 def _drive(in_process: Any, engine: Any, batch_id: str, rounds: int = 60) -> None:
     """What follow-up messages and the sweeper do, in-process, until the batch is done."""
     from batchwright import control
+    from batchwright.controlplane import dispatch
     from batchwright.db.models import Batch
     from batchwright.db.session import session_scope
-    from batchwright.worker import dispatch, runner
+    from batchwright.worker.generation import runner
 
     for _ in range(rounds):
         in_process.queue.clear()

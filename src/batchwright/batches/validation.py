@@ -16,12 +16,12 @@ from sqlalchemy.orm import Session
 from batchwright.batches.prefix_key import prefix_key
 from batchwright.batches.quotas import TokenCounter, over_limit
 from batchwright.config import Settings
+from batchwright.controlplane import heartbeats
 from batchwright.db.models import Batch, BatchRequest
 from batchwright.files.storage import iter_lines
 from batchwright.protocol.embeddings import EmbeddingRequest
 from batchwright.protocol.endpoints import ENDPOINTS, LineRequest, check_body, task_error
 from batchwright.registry import Registry
-from batchwright.worker import heartbeat
 
 MAX_REPORTED_ERRORS = 100
 INSERT_BATCH = 1000
@@ -173,7 +173,7 @@ class _Scan:
         self.rows = _Rows(session, batch.id)
         self.seen: set[str] = set()
         self.counter: TokenCounter | None = None
-        self.refusals = heartbeat.refusals(session, settings) if settings.broker_url else {}
+        self.refusals = heartbeats.refusals(session, settings) if settings.broker_url else {}
 
     def line(self, line_no: int, raw: bytes | None) -> LineError | None:
         out, settings = self.out, self.settings

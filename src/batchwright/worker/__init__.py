@@ -12,24 +12,3 @@
 What the services import of work and workers (dispatch, routing, heartbeat readers,
 budgets) is the control plane, `batchwright.controlplane`, below both.
 """
-
-from __future__ import annotations
-
-import importlib
-from types import ModuleType
-
-# Old paths of moved modules, for callers not yet moved (tests/faults' fixtures and
-# batches/validation.py, whose owners move their imports): `from batchwright.worker
-# import runner` answers the module itself, so patching it patches the real one.
-# Remove once nothing imports these names from here (issue 31).
-_MOVED = {
-    "dispatch": "batchwright.controlplane.dispatch",
-    "heartbeat": "batchwright.controlplane.heartbeats",
-    "runner": "batchwright.worker.generation.runner",
-}
-
-
-def __getattr__(name: str) -> ModuleType:
-    if name in _MOVED:
-        return importlib.import_module(_MOVED[name])
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
