@@ -275,7 +275,7 @@ def test_a_line_waiting_for_its_grammar_holds_no_other(
 def test_online_chat_with_a_schema(run: Runner, engine: Engine) -> None:
     # An online request (the engine's online lane) waits for its grammar, then follows it;
     # one whose schema fails is answered with a 400; a streamed one gets deltas.
-    from tests.engine.test_online import Feed
+    from tests.engine.test_lane import Feed
 
     fmt = _schema_format(PERSON)
     bad = _schema_format({"type": "string", "pattern": "(?<=a)b"})

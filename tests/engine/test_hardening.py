@@ -14,7 +14,7 @@ from batchwright.engine.requests.chat import prepare_chat
 from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.engine.text.stop import StopChecker
 from batchwright.serving.lines import serve
-from tests.engine.test_online import Feed
+from tests.engine.test_lane import Feed
 
 EOS = 0  # the demo tokenizer's <|endoftext|>
 

@@ -281,7 +281,7 @@ def test_online_adapter_rows_preempt_and_stream(
     """Batch lines of two adapters fill the rows; streamed online requests of adapters
     arrive and preempt them: every batch line gives the text it gives without the online
     traffic (greedy and seeded), and each stream's deltas add up to its result."""
-    from tests.engine.test_online import Feed
+    from tests.engine.test_lane import Feed
 
     names = list(adapters)
     kinds: list[dict[str, Any]] = [

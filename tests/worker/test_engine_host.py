@@ -59,7 +59,7 @@ def _answer(req: Any) -> GenResult:
 
 
 class Online:
-    """The online pump's face to the host (worker/generation/online.py's OnlineWork,
+    """The online pump's face to the host (worker/generation/pump.py's RelayPump,
     without its relay): requests come in, finished ones go back."""
 
     def __init__(self) -> None:

@@ -13,7 +13,7 @@ from sqlalchemy import or_, select
 
 from batchwright.api.deps import SessionDep, SettingsDep
 from batchwright.batches import service as batches
-from batchwright.dashboard import auth, online, views
+from batchwright.dashboard import auth, usage, views
 from batchwright.db.base import now
 from batchwright.db.models import Batch, File
 from batchwright.errors import APIError, Unauthorized
@@ -86,7 +86,7 @@ def batch_list(request: Request, session: SessionDep) -> Response:
         request,
         "batches.html",
         items=items,
-        online=online.online_usage(session, project),
+        online=usage.online_usage(session, project),
         live=any(i.live for i in items),
         tab="batches",
     )

@@ -25,7 +25,7 @@ from typing import Any
 from batchwright.engine.loading.loader import LoadedModel, load_model
 from batchwright.engine.output.processor import OutputProcessor
 from batchwright.engine.platform.host_memory import freeze_heap
-from batchwright.engine.requests.feed import OnlineFeed
+from batchwright.engine.requests.feed import LaneFeed
 from batchwright.engine.requests.jobs import start
 from batchwright.engine.requests.observer import Observer
 from batchwright.engine.requests.prepare import Prepared, PreparedFeed, Preparer
@@ -125,14 +125,14 @@ class Engine:
         self,
         requests: Iterable[Item | GenRequest],
         cancelled: Cancelled | None = None,
-        online: OnlineFeed | Any | None = None,
+        online: LaneFeed | Any | None = None,
     ) -> Iterator[GenResult]:
         """Results as requests complete. `requests` yields prepared requests (and the
         results of lines the preparer refused, passed on in their place; a wire line is
         prepared as it is read, on this thread); `cancelled`, called at most once per step,
         returns request keys to drop at once (running or waiting): no result comes for
-        them. `online`: requests admitted ahead of `requests`, streamed
-        (scheduling/lane.py)."""
+        them. `online`: the lane's feed (requests/feed.py's LaneFeed), online requests
+        admitted ahead of `requests`, streamed (scheduling/lane.py)."""
         source = Prepared(requests, self.prepare)
         feed = None if online is None else PreparedFeed(online, self.prepare)
         results = self._run(source, cancelled, feed)
@@ -147,19 +147,19 @@ class Engine:
             yield result
 
     def _run(
-        self, requests: Iterable[Item], cancelled: Cancelled | None, online: OnlineFeed | None
+        self, requests: Iterable[Item], cancelled: Cancelled | None, feed: LaneFeed | None
     ) -> Iterator[GenResult]:
         # A second run while one is still open (a caller holding two generators) gets
         # device state of its own, for that run only.
         own = self._running
         runner = self._new_runner() if own else self.runner
         self._running = self._running or not own
-        out = OutputProcessor(self.text, online)
+        out = OutputProcessor(self.text, feed)
         limits = Limits(self.max_rows, self.max_batch_tokens, self.spec.online_rows, self.lm.varlen)
         sched = Scheduler(
             runner,
             requests,
-            online,
+            feed,
             out,
             limits=limits,
             start=self.start,
@@ -200,5 +200,5 @@ class Engine:
     @staticmethod
     def _emit(out: OutputProcessor, runner: ModelRunner) -> list[GenResult]:
         """The step's deltas of streamed requests go out before its results."""
-        out.emit(runner.online_rows)
+        out.emit(runner.lane_rows)
         return out.results()

@@ -17,7 +17,7 @@ from batchwright.protocol.sampling import (
     Strings,
     describe,
     online,
-    show,
+    union_detail,
 )
 
 # fail_fast: a list of a million wrong items is one error (protocol/sampling.py says why).
@@ -132,7 +132,7 @@ class CompletionRequest(SamplingRequest):
         if tuple(first.get("loc", ()))[:1] == ("prompt",) and first.get("type") != "missing":
             return (
                 "Invalid 'prompt': expected a string, an array of strings, an array of token "
-                f"ids or an array of token-id arrays, non-empty ({_prompt_detail(errors)}).",
+                f"ids or an array of token-id arrays, non-empty ({union_detail(errors)}).",
                 "prompt",
             )
         return describe(first)
@@ -141,13 +141,6 @@ class CompletionRequest(SamplingRequest):
 # Validate a batch line's body (CompletionRequest.check): (request, None) or (None, an
 # OpenAI error object that names the parameter and what is wrong with its value).
 check_completion_body = CompletionRequest.check
-
-
-def _prompt_detail(errors: list[Any]) -> str:
-    for err in errors:
-        if err.get("type") == "value_error":
-            return str((err.get("ctx") or {}).get("error", err.get("msg")))
-    return f"got {show(errors[0].get('input'))}"[:200]
 
 
 # --- response objects -------------------------------------------------------------------

@@ -12,9 +12,16 @@ import base64
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 
-from batchwright.protocol.sampling import show
+from batchwright.protocol.sampling import (
+    CheckedRequest,
+    describe,
+    locate,
+    request_error,
+    show,
+    union_detail,
+)
 
 # OpenAI's limits (embeddings guide and API reference): inputs per request, tokens summed
 # over a request's inputs, inputs summed over a batch file's lines.
@@ -22,18 +29,18 @@ MAX_INPUTS = 2048
 MAX_REQUEST_TOKENS = 300_000
 MAX_BATCH_INPUTS = 50_000
 
-KNOWN_PARAMS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
-
 # fail_fast: a list of a million wrong items is one error (protocol/completions.py says why).
 TokenIds = Annotated[list[int], Field(fail_fast=True)]
 Strings = Annotated[list[str], Field(fail_fast=True)]
 InputType = str | Strings | TokenIds | Annotated[list[TokenIds], Field(fail_fast=True)]
 
 
-class EmbeddingRequest(BaseModel):
-    """A body for /v1/embeddings (an online request or a batch line's)."""
+class EmbeddingRequest(CheckedRequest):
+    """A body for /v1/embeddings (an online request or a batch line's). Its check and the
+    messages of its errors are the completion and chat requests' (protocol/sampling.py),
+    but for `input` (one message for its four shapes) and `encoding_format`."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    PARAMS = ("model", "input", "encoding_format", "dimensions", "user")
 
     model: str
     input: InputType
@@ -81,69 +88,33 @@ class EmbeddingRequest(BaseModel):
         v = self.input
         return 1 if isinstance(v, str) or isinstance(v[0], int) else len(v)
 
-
-def _error(message: str, param: str | None, code: str | None = None) -> dict[str, Any]:
-    return {"message": message, "type": "invalid_request_error", "param": param, "code": code}
-
-
-_TAGS = frozenset(
-    {"str", "int", "list[str]", "list[int]", "list[list[int]]", "literal['float','base64']"}
-)
-
-
-def _describe(err: Any) -> tuple[str, str | None]:
-    loc = [str(p)[:64] for p in err.get("loc", ()) if str(p) not in _TAGS]
-    param = loc[0] if loc else None
-    where = ".".join(loc) if loc else "body"
-    kind, value, ctx = err.get("type", ""), err.get("input"), err.get("ctx") or {}
-    if kind == "missing":
-        return f"Missing required parameter: '{where}'.", param
-    if kind in ("greater_than_equal", "greater_than"):
-        limit = ctx.get("ge", ctx.get("gt"))
-        return f"Invalid '{where}': {show(value)} is less than the minimum of {limit}.", param
-    if kind == "literal_error":
-        return f"Invalid '{where}': {show(value)}; expected 'float' or 'base64'.", param
-    if kind == "value_error":
-        return f"Invalid '{where}': {ctx.get('error', err.get('msg', ''))}.", param
-    return f"Invalid '{where}': {show(value)} is not valid ({err.get('msg', kind)}).", param
-
-
-def check_embedding_body(body: object) -> tuple[EmbeddingRequest | None, dict[str, Any] | None]:
-    """Validate a body: (request, None) or (None, OpenAI error object)."""
-    if not isinstance(body, dict):
-        return None, _error("The request body must be a JSON object.", None, "invalid_body")
-    for key in body:
-        if key not in KNOWN_PARAMS:
-            return None, _error(f"Unrecognized request argument supplied: {key[:64]}", key[:64])
-    # null means the default, as for completions (the SDK leaves unset fields out anyway).
-    body = {k: v for k, v in body.items() if v is not None}
-    try:
-        return EmbeddingRequest.model_validate(body), None
-    except ValidationError as exc:
-        errors = exc.errors()
+    @classmethod
+    def _explain(cls, errors: list[Any]) -> tuple[str, str | None]:
         first = errors[0]
         if tuple(first.get("loc", ()))[:1] == ("input",) and first.get("type") != "missing":
-            detail = next(
-                (
-                    str((e.get("ctx") or {}).get("error", e.get("msg")))
-                    for e in errors
-                    if e.get("type") == "value_error"
-                ),
-                f"got {show(first.get('input'))}"[:200],
-            )
-            return None, _error(
+            return (
                 "Invalid 'input': expected a non-empty string, an array of strings, an array "
-                f"of token ids or an array of token-id arrays ({detail}).",
+                f"of token ids or an array of token-id arrays ({union_detail(errors)}).",
                 "input",
             )
-        message, param = _describe(first)
-        return None, _error(message, param)
+        if first.get("type") == "literal_error":
+            where, param = locate(first)
+            return (
+                f"Invalid '{where}': {show(first.get('input'))}; expected 'float' or 'base64'.",
+                param,
+            )
+        return describe(first)
+
+
+# Validate a body: (request, None) or (None, OpenAI error object); `max_sequences` and the
+# keywords of CheckedRequest.check do not apply to embeddings.
+check_embedding_body = EmbeddingRequest.check
 
 
 def input_error(index: int | None, message: str, code: str | None = None) -> dict[str, Any]:
     """A 400 about one input (`index` None: the request's only input)."""
     where = "input" if index is None else f"input[{index}]"
-    return _error(f"Invalid '{where}': {message}", "input", code)
+    return request_error(f"Invalid '{where}': {message}", "input", code)
 
 
 # --- the response ------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """What completion and chat requests share: the sampling parameters, their checks, and how a
 failed check becomes an OpenAI error object naming the parameter. Torch-free.
 
-`SamplingRequest.check` is each endpoint's body check (`check_completion_body`,
-`check_chat_body`): a body becomes a request or a 400 with one message. Where several
-parameters are wrong, the first in the endpoint's wire order (`PARAMS`) is the one reported.
+`CheckedRequest.check` is each endpoint's body check (`check_completion_body`,
+`check_chat_body`, and `check_embedding_body` too: the embeddings request shares the check
+and its messages, not the sampling parameters): a body becomes a request or a 400 with one
+message. Where several parameters are wrong, the first in the endpoint's wire order
+(`PARAMS`) is the one reported.
 """
 
 from __future__ import annotations
@@ -105,12 +107,17 @@ def request_error(message: str, param: str | None, code: str | None = None) -> d
 _UNION_TAGS = frozenset({"str", "int", "float", "list[str]", "list[int]", "list[list[int]]"})
 
 
-def describe(err: Any) -> tuple[str, str | None]:
-    """One pydantic error → (message naming parameter and value, param)."""
+def locate(err: Any) -> tuple[str, str | None]:
+    """Where a pydantic error is ("messages.0.content", or "body" for a check across
+    parameters) and its parameter (None: across parameters)."""
     # Union branch names (e.g. "list[int]") are pydantic's, not the client's: drop them.
     loc = [str(p)[:64] for p in err.get("loc", ()) if str(p) not in _UNION_TAGS]
-    param = loc[0] if loc else None
-    where = ".".join(loc) if loc else "body"
+    return (".".join(loc) if loc else "body"), (loc[0] if loc else None)
+
+
+def describe(err: Any) -> tuple[str, str | None]:
+    """One pydantic error → (message naming parameter and value, param)."""
+    where, param = locate(err)
     value = err.get("input")
     kind = err.get("type", "")
     ctx = err.get("ctx") or {}
@@ -124,17 +131,26 @@ def describe(err: Any) -> tuple[str, str | None]:
         return f"Invalid '{where}': {show(value)} is less than the minimum of {limit}.", param
     if kind == "value_error":
         msg = str(ctx.get("error", err.get("msg", "")))
-        if not loc:  # a check across parameters (SamplingRequest._conflict): "name: why"
+        if param is None:  # a check across parameters (SamplingRequest._conflict): "name: why"
             param, _, msg = msg.partition(": ")
             where = param
         return f"Invalid '{where}': {msg}.", param
     return f"Invalid '{where}': {show(value)} is not valid ({err.get('msg', kind)}).", param
 
 
-class SamplingRequest(BaseModel):
-    """The parameters, defaults, ranges and checks of /v1/completions and
-    /v1/chat/completions bodies alike. A subclass adds its endpoint's own parameters and
-    says what its messages need: its wire order, what it refuses in a batch."""
+def union_detail(errors: list[Any]) -> str:
+    """Why a parameter that takes several shapes (a prompt, an input) fit none of them: the
+    first of its own checks that failed, else the value."""
+    for err in errors:
+        if err.get("type") == "value_error":
+            return str((err.get("ctx") or {}).get("error", err.get("msg")))
+    return f"got {show(errors[0].get('input'))}"[:200]
+
+
+class CheckedRequest(BaseModel):
+    """A request body of any endpoint and its check (`check`): the parameters it knows, in
+    wire order, null as the default, one OpenAI error object for what is wrong. A subclass
+    says its parameters and may explain its own errors (`_explain`)."""
 
     # strict: "1" is not a number and true is not 1, as in OpenAI's API.
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -144,6 +160,79 @@ class SamplingRequest(BaseModel):
     PARAMS: ClassVar[tuple[str, ...]]
     # OpenAI's parameters for features batchwright does not have (parameter → feature).
     UNSUPPORTED: ClassVar[Mapping[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+    @classmethod
+    def check(
+        cls,
+        body: object,
+        max_sequences: int | None = None,
+        *,
+        online: bool = False,
+        check_schema: bool = False,
+    ) -> tuple[Self | None, dict[str, Any] | None]:
+        """Validate a body: (request, None) or (None, OpenAI error object).
+
+        `max_sequences` caps prompts x best_of (or n) per line (`_too_many`: sampling
+        requests only); None reads it from Settings.
+        `online`: the body of a POST to the endpoint, where `stream` and `stream_options`
+        are allowed; every other check (and its message) is the batch line's.
+        `check_schema`: a response_format's schema is checked against the metaschema too
+        (where bodies come in: protocol/endpoints.check_body)."""
+        if not isinstance(body, dict):
+            return None, request_error(
+                "The request body must be a JSON object.", None, "invalid_body"
+            )
+        if (err := cls._refuse(body)) is not None:
+            return None, err
+        try:
+            context = {"online": online, "check_schema": check_schema}
+            req = cls.model_validate(body, context=context)
+        except ValidationError as exc:
+            message, param = cls._explain(cls._in_wire_order(exc.errors()))
+            return None, request_error(message, param)
+        err = req._too_many(max_sequences)
+        return (req, None) if err is None else (None, err)
+
+    @classmethod
+    def _in_wire_order(cls, errors: list[Any]) -> list[Any]:
+        """Pydantic reports errors in field order (the shared fields first): sorted by
+        parameter in `PARAMS` order instead. An error across parameters (no loc) comes
+        alone: those checks run only once every field is valid."""
+        rank = {name: i for i, name in enumerate(cls.PARAMS)}
+        return sorted(errors, key=lambda e: rank.get(str(e["loc"][0]), -1) if e["loc"] else -1)
+
+    @classmethod
+    def _refuse(cls, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The first parameter of the body that the endpoint does not know, as a 400."""
+        for key in body:
+            if key not in cls.PARAMS and key not in cls.UNSUPPORTED:
+                return request_error(
+                    f"Unrecognized request argument supplied: {key[:64]}", key[:64]
+                )
+        return None
+
+    @classmethod
+    def _explain(cls, errors: list[Any]) -> tuple[str, str | None]:
+        """The validation errors (in wire order) → (message, param)."""
+        return describe(errors[0])
+
+    def _too_many(self, limit: int | None) -> dict[str, Any] | None:
+        """A 400 for a body that asks for more than `limit` allows (None: nothing)."""
+        return None
+
+
+class SamplingRequest(CheckedRequest):
+    """The parameters, defaults, ranges and checks of /v1/completions and
+    /v1/chat/completions bodies alike. A subclass adds its endpoint's own parameters and
+    says what its messages need: its wire order, what it refuses in a batch."""
+
     # What a batch line cannot have (stream, stream_options): "is not supported in a batch: …".
     NOT_IN_BATCH: ClassVar[str]
 
@@ -161,13 +250,6 @@ class SamplingRequest(BaseModel):
     stream_options: dict[str, Any] | None = None
     # An extension on /v1/completions: OpenAI takes it on chat only (response_format.py).
     response_format: ResponseFormat | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_means_default(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            return {k: v for k, v in data.items() if v is not None}
-        return data
 
     @field_validator("stop")
     @classmethod
@@ -243,60 +325,6 @@ class SamplingRequest(BaseModel):
     def sequences(self) -> int:
         """Sequences this line runs: one per candidate of every prompt."""
         return self.prompt_count * self.candidates
-
-    @classmethod
-    def check(
-        cls,
-        body: object,
-        max_sequences: int | None = None,
-        *,
-        online: bool = False,
-        check_schema: bool = False,
-    ) -> tuple[Self | None, dict[str, Any] | None]:
-        """Validate a body: (request, None) or (None, OpenAI error object).
-
-        `max_sequences` caps prompts x best_of (or n) per line; None reads it from Settings.
-        `online`: the body of a POST to the endpoint, where `stream` and `stream_options`
-        are allowed; every other check (and its message) is the batch line's.
-        `check_schema`: a response_format's schema is checked against the metaschema too
-        (where bodies come in: protocol/endpoints.check_body)."""
-        if not isinstance(body, dict):
-            return None, request_error(
-                "The request body must be a JSON object.", None, "invalid_body"
-            )
-        if (err := cls._refuse(body)) is not None:
-            return None, err
-        try:
-            context = {"online": online, "check_schema": check_schema}
-            req = cls.model_validate(body, context=context)
-        except ValidationError as exc:
-            message, param = cls._explain(cls._in_wire_order(exc.errors()))
-            return None, request_error(message, param)
-        err = req._too_many(max_sequences)
-        return (req, None) if err is None else (None, err)
-
-    @classmethod
-    def _in_wire_order(cls, errors: list[Any]) -> list[Any]:
-        """Pydantic reports errors in field order (the shared fields first): sorted by
-        parameter in `PARAMS` order instead. An error across parameters (no loc) comes
-        alone: those checks run only once every field is valid."""
-        rank = {name: i for i, name in enumerate(cls.PARAMS)}
-        return sorted(errors, key=lambda e: rank.get(str(e["loc"][0]), -1) if e["loc"] else -1)
-
-    @classmethod
-    def _refuse(cls, body: dict[str, Any]) -> dict[str, Any] | None:
-        """The first parameter of the body that the endpoint does not know, as a 400."""
-        for key in body:
-            if key not in cls.PARAMS and key not in cls.UNSUPPORTED:
-                return request_error(
-                    f"Unrecognized request argument supplied: {key[:64]}", key[:64]
-                )
-        return None
-
-    @classmethod
-    def _explain(cls, errors: list[Any]) -> tuple[str, str | None]:
-        """The validation errors (in wire order) → (message, param)."""
-        return describe(errors[0])
 
     def _too_many(self, limit: int | None) -> dict[str, Any] | None:
         if limit is None:

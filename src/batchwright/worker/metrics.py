@@ -46,7 +46,7 @@ RETRIES = Counter("batchwright_worker_task_retries_total", "Celery task retries"
 OOM_HALVINGS = Counter(
     "batchwright_worker_oom_halvings_total", "Out-of-memory halvings of max_rows", ["model"]
 )
-# Online requests (worker/generation/online.py): they count in rows_in_flight and lines too.
+# Online requests (worker/generation/pump.py): they count in rows_in_flight and lines too.
 ONLINE_IN_FLIGHT = Gauge(
     "batchwright_worker_online_in_flight", "Online requests in the engine", ["model"]
 )

@@ -62,7 +62,8 @@ class Embedded:
 
 
 class Feed(Protocol):
-    """Online requests (the worker's relay, adapted): engine/requests/feed.py's OnlineFeed."""
+    """Online requests (the worker's relay pump, adapted): engine/requests/feed.py's
+    LaneFeed."""
 
     def take(self) -> list[EmbedJob]: ...
 
@@ -105,7 +106,7 @@ class EmbedEngine:
         self.spec = spec
         self.model_name = spec.name
         self.system_fingerprint = lm.fingerprint
-        self.max_rows = max(1, spec.max_rows)  # online requests in flight (worker/online.py)
+        self.max_rows = max(1, spec.max_rows)  # online requests in flight (the worker's pump)
         self.max_batch_tokens = max(1, spec.max_batch_tokens)
         self.forward_tokens = forward_tokens(lm, self.max_batch_tokens)
         # Called with (seconds, tokens) after each forward (worker metrics).

@@ -14,7 +14,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from batchwright.engine.output.streaming import JobStream
-from batchwright.engine.requests.feed import OnlineFeed
+from batchwright.engine.requests.feed import LaneFeed
 from batchwright.engine.requests.jobs import Job, Seq
 from batchwright.engine.requests.types import GenResult
 from batchwright.engine.sampling.params import StepOut
@@ -24,7 +24,7 @@ from batchwright.engine.text.text import Text
 class OutputProcessor:
     """One run's outputs: results of finished jobs and the streams of online requests."""
 
-    def __init__(self, text: Text, feed: OnlineFeed | None) -> None:
+    def __init__(self, text: Text, feed: LaneFeed | None) -> None:
         self.text = text
         self.feed = feed
         self.streams: dict[Any, JobStream] = {}
@@ -82,12 +82,12 @@ class OutputProcessor:
 
     # --- after a step --------------------------------------------------------------------
 
-    def emit(self, online_rows: Callable[[], int]) -> None:
+    def emit(self, lane_rows: Callable[[], int]) -> None:
         """One delta per streamed request that gained something this step."""
         feed = self.feed
         if feed is None:
             return
-        feed.rows(online_rows())
+        feed.rows(lane_rows())
         for key, stream in list(self.streams.items()):
             if key not in self.running:
                 continue  # no row yet: nothing is shown before its last refusal could come

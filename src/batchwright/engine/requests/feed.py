@@ -1,5 +1,6 @@
-"""What the engine asks of an online feed (the worker's OnlineWork is one):
-`Engine.run(requests, online=feed)` (scheduling/lane.py)."""
+"""The lane's feed: what the engine asks of the source of the requests that go ahead of
+batch lines, the online requests (scheduling/lane.py). `Engine.run(requests, online=feed)`;
+the worker's relay pump (worker/generation/pump.py) is one."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from batchwright.relay.messages import ChoiceDelta
 Delta = ChoiceDelta
 
 
-class OnlineFeed(Protocol):
+class LaneFeed(Protocol):
     def take(self) -> list[EngineRequest | GenResult]:
         """Online requests that arrived since the last call (never waits), prepared
         (requests/prepare.py), or refused by the preparer."""

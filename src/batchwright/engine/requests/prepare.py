@@ -186,7 +186,7 @@ class Prepared:
 
 
 class PreparedFeed:
-    """An online feed that may hand wire lines, as one of requests (the rest of it is
+    """A lane feed (feed.py) that may hand wire lines, as one of requests (the rest of it is
     the feed's own)."""
 
     def __init__(self, feed: Any, prepare: Prepare) -> None:

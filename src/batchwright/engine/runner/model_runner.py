@@ -116,7 +116,8 @@ class ModelRunner:
         """No row runs and no step's tokens wait to be recorded."""
         return not self.slots.live and self._pending is None
 
-    def online_rows(self) -> int:
+    def lane_rows(self) -> int:
+        """Rows the lane's requests (online requests) hold."""
         return sum(1 for q in self.slots.seqs if q is not None and q.job.online)
 
     # --- a run -----------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Online requests in the engine: admitted at the next step, ahead of every batch line.
+"""The lane: online requests in the engine, admitted at the next step, ahead of every batch
+line.
 
 `Engine.run(requests, online=feed)`: at each step the scheduler takes the online
 requests that arrived (`feed.take()`) and admits them before any waiting batch line, in
@@ -21,7 +22,7 @@ from collections.abc import Generator, Set
 from concurrent import futures
 from typing import Any, Protocol
 
-from batchwright.engine.requests.feed import OnlineFeed
+from batchwright.engine.requests.feed import LaneFeed
 from batchwright.engine.requests.jobs import Job, Unit, bad_request, server_error, units_of
 from batchwright.engine.requests.request import EngineRequest
 from batchwright.engine.requests.types import GenResult
@@ -64,7 +65,7 @@ class Lane:
         self,
         rows: Rows,
         intake: Intake,
-        feed: OnlineFeed | None,
+        feed: LaneFeed | None,
         streams: Streams,
         *,
         start: Start,

@@ -20,7 +20,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchwright.engine.requests.feed import OnlineFeed
+from batchwright.engine.requests.feed import LaneFeed
 from batchwright.engine.requests.jobs import Unit
 from batchwright.engine.requests.types import GenResult
 from batchwright.engine.scheduling.intake import Intake, Item, Score, Start
@@ -52,7 +52,7 @@ class Scheduler:
         self,
         rows: Rows,
         requests: Iterable[Item],
-        online: OnlineFeed | None,
+        feed: LaneFeed | None,
         streams: Streams,
         *,
         limits: Limits,
@@ -72,7 +72,7 @@ class Scheduler:
         self.lane = Lane(
             rows,
             self.intake,
-            online,
+            feed,
             streams,
             start=start,
             score=score,

@@ -134,7 +134,7 @@ class _Feed:
     """The relay's online requests as jobs (engine/embed/engine.py's Feed)."""
 
     def __init__(self, runner: EmbeddingRunner, online: Any) -> None:
-        # The worker's OnlineWork: its lines come unprepared (this model has no preparer).
+        # The worker's RelayPump (pump.py): its lines come unprepared (no preparer here).
         self.runner = runner
         self.online = online
 

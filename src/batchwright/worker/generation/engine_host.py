@@ -31,7 +31,7 @@ from batchwright.worker.lease_child.pipeline import Line
 
 if TYPE_CHECKING:
     from batchwright.engine.engine import Engine
-    from batchwright.worker.generation.online import OnlineWork
+    from batchwright.worker.generation.pump import RelayPump as OnlineWork
 
 log = logging.getLogger(__name__)
 

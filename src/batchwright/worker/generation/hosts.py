@@ -10,7 +10,7 @@ from batchwright.controlplane.routing import served_models
 from batchwright.registry import load_registry
 from batchwright.worker.generation import lease_process, runner
 from batchwright.worker.generation.engine_host import EngineHost
-from batchwright.worker.generation.online import start_online
+from batchwright.worker.generation.pump import start_pump
 
 _hosts: dict[str, EngineHost] = {}
 _lock = threading.Lock()
@@ -30,7 +30,7 @@ def start(settings: Settings) -> list[str]:
                 model,
                 lambda spec=spec: runner.engine_for(spec),  # type: ignore[misc]
                 orders_ahead=lease_process.wanted(settings),
-                online=lambda h: start_online(h, settings),
+                online=lambda h: start_pump(h, settings),
             )
             _hosts[model] = host
             host.start()

@@ -1,4 +1,4 @@
-"""Online requests of one model between the relay and its engine host.
+"""The relay pump: a model's online requests between the relay and its engine host.
 
 Two threads talk to Redis so that the engine's never does:
 
@@ -12,8 +12,9 @@ Two threads talk to Redis so that the engine's never does:
   one pipeline per wake-up, takes ended requests off the worker's taken list after their
   last event, and polls the ids the API gave up (one MGET) for the engine's next step.
 
-The engine's thread only queues events and reads the cancels found (engine/scheduling/lane.py's
-OnlineFeed, and `finished`/`cancelled` for the host): a step never waits on a round trip.
+The engine's thread only queues events and reads the cancels found (the lane's feed,
+engine/requests/feed.py's LaneFeed, and `finished`/`cancelled` for the host): a step never
+waits on a round trip.
 """
 
 from __future__ import annotations
@@ -79,13 +80,13 @@ _ENGINE_FAILED = {
 
 
 class Host(Protocol):
-    """What online work uses of its engine host (engine_host.EngineHost hands itself in;
+    """What the pump uses of its engine host (engine_host.EngineHost hands itself in;
     a protocol, so that the two modules do not import each other)."""
 
     model: str
     engine: Engine
     loaded: threading.Event
-    online: OnlineWork | None
+    online: RelayPump | None
 
     def wake(self) -> None: ...
 
@@ -95,7 +96,9 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class OnlineWork:
+class RelayPump:
+    """One model's pump: the taker and publisher threads, and the engine's lane feed."""
+
     def __init__(self, host: Host, settings: Settings) -> None:
         self.host = host
         self.model = host.model
@@ -269,7 +272,7 @@ class OnlineWork:
             with self._lock:
                 self._lock.notify_all()
 
-    # --- the engine's feed (engine/requests/feed.py's OnlineFeed), in the engine's thread ---
+    # --- the engine's feed (engine/requests/feed.py's LaneFeed), in the engine's thread ---
 
     def waiting(self) -> bool:
         return bool(self._inbox)
@@ -404,8 +407,8 @@ def max_token_bytes(tokenizer: Any) -> int:
     return max((len(t.encode("utf-8", "surrogatepass")) for t in vocab), default=1)
 
 
-def start_online(host: Host, settings: Settings) -> OnlineWork:
-    work = OnlineWork(host, settings)
-    host.online = work
-    work.start()
-    return work
+def start_pump(host: Host, settings: Settings) -> RelayPump:
+    pump = RelayPump(host, settings)
+    host.online = pump
+    pump.start()
+    return pump

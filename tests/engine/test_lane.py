@@ -1,5 +1,6 @@
-"""Online requests in the engine: admitted at the next step ahead of batch lines, batch
-rows preempted for them (and the preempted lines' results unchanged), per-step deltas."""
+"""The lane (engine/scheduling/lane.py): online requests admitted at the next step ahead
+of batch lines, batch rows preempted for them (and the preempted lines' results
+unchanged), per-step deltas."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A project's online /v1/completions usage over the last day, per model, from the usage
+"""A project's usage of the online endpoints over the last day, per model, from the usage
 rows (`online_requests`) the API writes."""
 
 from __future__ import annotations
