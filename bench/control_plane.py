@@ -39,11 +39,14 @@ class InstantEngine:
     def run(
         self, requests: Iterable[Any], cancelled: Callable[[], Any] | None = None
     ) -> Iterator[Any]:
-        # `cancelled` is the engine's cancel hook (runner.generate passes the lease's);
-        # an engine that answers at once has nothing in flight to drop.
-        from batchwright.engine.requests.types import GenResult
+        # `cancelled` is the engine's cancel hook (the engine host passes the lease's);
+        # an engine that answers at once has nothing in flight to drop. WAKE: a lease
+        # came, or its lines ended (the host's source).
+        from batchwright.engine.requests.types import WAKE, GenResult
 
         for req in requests:
+            if req is WAKE:
+                continue
             yield GenResult(
                 key=req.key,
                 status_code=200,

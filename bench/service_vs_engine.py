@@ -88,7 +88,7 @@ def main() -> None:
     from batchwright.engine.requests.types import GenRequest
     from batchwright.registry import ModelSpec, Registry
     from batchwright.serving.lines import serve
-    from batchwright.worker.generation import runner
+    from batchwright.worker.generation import engine_host, runner
     from batchwright.worker.lease_child.claims import Lease
     from batchwright.worker.lease_child.results import write_results
 
@@ -121,6 +121,10 @@ def main() -> None:
             # here, on an empty queue, not inside the timing; and sets the engine's CPU
             # threads as the worker does (runner.set_cpu_threads).
             runner.process("demo", registry, lambda _: engine)
+            # The lease ran in a host of the engine's (runner.host_for), which holds a run
+            # of it: stopped, so that the engine's runs here (alone, sync) share its kept
+            # device state instead of each building its own.
+            engine_host.stop_local()
             runner.set_cpu_threads(engine, runner.get_settings())
             batch_id = submit("bench", lines)
             t0 = time.perf_counter()
@@ -143,6 +147,7 @@ def main() -> None:
                 runner.process("demo", registry, lambda _: engine)
             t_process = time.perf_counter() - t0
             cpu[mode] = min(cpu.get(mode, 1e9), time.process_time() - cpu0)
+            engine_host.stop_local()
             cpu[mode + " threads"] = torch.get_num_threads()
             torch.set_num_threads(threads)
             assert done_lines(batch_id) == len(lines), done_lines(batch_id)

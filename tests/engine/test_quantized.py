@@ -4,6 +4,9 @@ text and logprobs equal HF generate of the same quantized model."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +16,7 @@ from transformers import AutoModelForCausalLM, TorchAoConfig
 
 from batchwright.engine.engine import Engine
 from tests.engine.model_zoo import _TOKENIZER, build
-from tests.engine.test_models import compare, hf_greedy, spec
+from tests.engine.test_models import compare, engine_greedy, hf_greedy, spec
 
 torchao = pytest.importorskip("torchao")
 
@@ -54,3 +57,22 @@ def test_int8_weight_only_checkpoint_matches_hf_and_stays_small(tmp_path: Path) 
     want, margin = hf_greedy(path)  # HF loads it quantized, from its quantization_config
     assert margin > 1e-3
     compare(engine, want)
+
+    # A worker imports the engine first: transformers then comes up without torchao
+    # (engine/platform/lazy_torchao.py), and the checkpoint imports it as it loads.
+    script = f"""
+import json, sys
+from batchwright.engine.engine import Engine
+from tests.engine.test_models import engine_greedy, spec
+before = "torchao" in sys.modules
+engine = Engine.load(spec({str(path)!r}))
+print(json.dumps({{"before": before, "after": "torchao" in sys.modules,
+    "greedy": engine_greedy(engine)}}))
+"""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True
+    )
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (got["before"], got["after"]) == (False, True)
+    assert [text for text, _ in got["greedy"]] == [text for text, _ in engine_greedy(engine)]

@@ -1,4 +1,8 @@
-"""A stand-in engine for in-process runner tests: only run() matters to the worker."""
+"""A stand-in engine for in-process runner tests: only run() matters to the worker.
+
+It runs in an engine host (worker/generation/engine_host.py) as the model does: its source
+is the host's, which yields WAKE when a lease comes and when its lines end, and ends when
+the host stops."""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from batchwright.engine.requests.types import WAKE
 
 
 class FakeEngine:
@@ -18,6 +24,8 @@ class FakeEngine:
         from batchwright.engine.requests.types import GenResult
 
         for req in requests:
+            if req is WAKE:
+                continue
             time.sleep(self.delay)
             completion = {
                 "id": f"cmpl-{uuid.uuid4().hex}",
@@ -37,6 +45,18 @@ class FakeEngine:
                 prompt_tokens=3,
                 completion_tokens=2,
             )
+
+
+def lease_lines(lines: Iterator[Any]) -> list[Any]:
+    """All the lines of the next lease that has any (its end: the host's WAKE); none once
+    the host stops."""
+    held: list[Any] = []
+    for req in lines:
+        if req is not WAKE:
+            held.append(req)
+        elif held:
+            break
+    return held
 
 
 def provider(engine: Any) -> Callable[[Any], Any]:

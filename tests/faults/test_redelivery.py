@@ -14,7 +14,7 @@ import pytest
 
 from tests.faults.checks import PATIENCE, assert_batch_whole, attempts, infra_failures
 from tests.faults.conftest import Stack
-from tests.faults.fakes import FakeEngine, provider
+from tests.faults.fakes import FakeEngine, lease_lines, provider
 from tests.faults.test_workers import _lines
 from tests.helpers import jsonl, submit
 
@@ -64,7 +64,9 @@ def test_tasks_run_twice_at_once(fault: Stack, in_process: Any) -> None:
         can take the whole batch first (a lease claims only as its engine takes lines)."""
 
         def run(self, requests: Iterable[Any], cancelled: Any = None) -> Iterator[Any]:
-            lines = iter(requests)
+            from batchwright.engine.requests.types import WAKE
+
+            lines = (r for r in requests if r is not WAKE)
             first = next(lines)
             both.wait()
             yield from super().run([first])
@@ -103,10 +105,12 @@ def test_late_write_after_lease_lost_is_dropped(fault: Stack, in_process: Any) -
 
     class Stalling(FakeEngine):
         def run(self, reqs: Iterable[Any], cancelled: Any = None) -> Iterator[Any]:
-            held = list(reqs)  # claim everything, then stall
+            lines = iter(reqs)
+            held = lease_lines(lines)  # claim everything, then stall
             stalled.set()
             release.wait(30)
             yield from super().run(held)
+            yield from super().run(lines)
 
     out: list[int] = []
     t = threading.Thread(

@@ -9,7 +9,7 @@ from typing import Any
 
 from tests.faults.checks import assert_batch_whole, attempts
 from tests.faults.conftest import Stack
-from tests.faults.fakes import FakeEngine, provider
+from tests.faults.fakes import FakeEngine, lease_lines, provider
 from tests.faults.test_workers import _lines
 from tests.helpers import jsonl, submit
 
@@ -49,10 +49,11 @@ def test_poison_line_fails_alone(fault: Stack, in_process: Any) -> None:
         """Dies whenever the poison line is among the lines it was handed."""
 
         def run(self, requests: Iterable[Any], cancelled: Any = None) -> Iterator[Any]:
-            held = list(requests)
-            if any(r.body["prompt"].endswith("poison-7") for r in held):
-                raise RuntimeError("segfault-like crash")
-            yield from super().run(held)
+            lines = iter(requests)
+            while held := lease_lines(lines):
+                if any(r.body["prompt"].endswith("poison-7") for r in held):
+                    raise RuntimeError("segfault-like crash")
+                yield from super().run(held)
 
     _drive(in_process, Crashing(delay=0.0), batch.id)
     done = assert_batch_whole(fault, client, batch.id, [r["custom_id"] for r in requests])
@@ -89,14 +90,24 @@ def test_out_of_memory_splits_and_retries(fault: Stack, in_process: Any) -> None
         max_rows = 8
 
         def run(self, requests: Iterable[Any], cancelled: Any = None) -> Iterator[Any]:
-            held: list[Any] = []
-            for req in requests:
-                held.append(req)
-                if len(held) > self.max_rows:
-                    break
-            if self.max_rows > 2:
-                raise OutOfMemoryError("CUDA out of memory")
-            yield from super().run(held)
+            from batchwright.engine.requests.types import WAKE
+
+            lines = iter(requests)
+            while True:
+                held: list[Any] = []
+                for req in lines:
+                    if req is WAKE:
+                        if held:
+                            break  # the lease's last lines
+                        continue
+                    held.append(req)
+                    if len(held) > self.max_rows:
+                        break
+                if not held:
+                    return  # the host stops
+                if self.max_rows > 2:
+                    raise OutOfMemoryError("CUDA out of memory")
+                yield from super().run(held)
 
     engine = Small(delay=0.0)
     _drive(in_process, engine, batch.id)

@@ -26,9 +26,11 @@ class CountingEngine:
         self.produced = 0
 
     def run(self, requests: Iterable[Any], **_: Any) -> Iterator[Any]:
-        from batchwright.engine.requests.types import GenResult
+        from batchwright.engine.requests.types import WAKE, GenResult
 
         for req in requests:
+            if req is WAKE:  # a lease came, or its lines ended (the engine host's source)
+                continue
             self.produced += 1
             yield GenResult(
                 key=req.key,

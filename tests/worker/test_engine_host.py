@@ -233,3 +233,79 @@ def test_out_of_memory_with_one_row_fails_the_lease_for_good(engine: StandInEngi
         assert engine.max_rows == 1
     finally:
         host.stop(TIMEOUT)
+
+
+class WatchedEngine(StandInEngine):
+    """A stand-in that tells its observers of a forward and a result per line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.observers: list[Any] = []
+
+    def observe(self, observer: Any) -> None:
+        if observer not in self.observers:
+            self.observers.append(observer)
+
+    def run(
+        self, requests: Iterable[Any], cancelled: Any = None, online: Any = None
+    ) -> Iterator[GenResult]:
+        for result in super().run(requests, cancelled, online):
+            for observer in self.observers:
+                observer.forward(0.001, 1)
+                observer.finished(result)
+            yield result
+
+
+def test_a_watcher_sees_steps_forwards_and_results_while_it_watches() -> None:
+    """What the embedded run's progress line and Ctrl-C use (runs/worker.py)."""
+    from batchwright.worker.generation.engine_host import HostObserver
+
+    class Watcher(HostObserver):
+        def __init__(self) -> None:
+            self.steps = self.forwards = 0
+            self.results: list[Any] = []
+
+        def step(self) -> None:
+            self.steps += 1
+
+        def forward(self, seconds: float, prompt_tokens: int) -> None:
+            self.forwards += 1
+
+        def finished(self, result: GenResult) -> None:
+            self.results.append(result.key)
+
+    engine = WatchedEngine()
+    host = _host(engine)
+    watcher = Watcher()
+    try:
+        host.observe(watcher)
+        host.run_lease(_lines(3), lambda _r: None)
+        assert sorted(watcher.results) == [(i, "b1") for i in range(3)]
+        assert watcher.forwards == 3 and watcher.steps >= 3
+        host.unobserve(watcher)
+        host.run_lease(_lines(2, "b2"), lambda _r: None)
+        assert len(watcher.results) == 3
+    finally:
+        host.stop(TIMEOUT)
+
+
+def test_an_engine_without_a_worker_host_gets_one_kept_for_its_next_lease(
+    engine: StandInEngine,
+) -> None:
+    """runner.process's host where the worker started none (the embedded run): one per
+    engine, kept with its run between leases; a new engine of the model retires it."""
+    from batchwright.worker.generation import engine_host
+
+    got: list[GenResult] = []
+    try:
+        with engine_host.local("demo", engine, orders_ahead=False) as host:
+            host.run_lease(_lines(3), got.append)
+        with engine_host.local("demo", engine, orders_ahead=False) as again:
+            assert again is host
+            again.run_lease(_lines(2, "b2"), got.append)
+        assert len(got) == 5 and engine.runs == 1  # one run of the engine for both
+        with engine_host.local("demo", StandInEngine(), orders_ahead=False) as other:
+            assert other is not host
+        assert host.stopping  # idle, for an engine of the model no longer used
+    finally:
+        engine_host.stop_local()

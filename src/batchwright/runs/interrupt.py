@@ -1,13 +1,13 @@
 """Ctrl-C and SIGTERM for `batchwright run`.
 
 The first signal stops the run at the next step boundary: the worker thread stops claiming
-lines (runner.SHUTDOWN) and parks at its next forward pass, so no transaction of its own is
-open and rows in flight stay `running` in the state database; the next run gives them back
-to the queue. The process then ends with os._exit. That is deliberate: letting the
-interpreter finalize while a daemon thread may be inside torch (GIL released) makes CPython
-end that thread with pthread_exit, whose forced unwind through torch's C++ frames calls
-std::terminate ("terminate called without an active exception", exit 134). A second signal
-exits at once; SQLite's journal keeps the state consistent either way.
+lines (runner.SHUTDOWN) and the engine's thread (its host's) parks at its next step, before
+the step's forward, so rows in flight stay `running` in the state database; the next run
+gives them back to the queue. The process then ends with os._exit. That is deliberate:
+letting the interpreter finalize while a daemon thread may be inside torch (GIL released)
+makes CPython end that thread with pthread_exit, whose forced unwind through torch's C++
+frames calls std::terminate ("terminate called without an active exception", exit 134). A
+second signal exits at once; SQLite's journal keeps the state consistent either way.
 """
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ class Interrupt:
         self.requested.set()
         runner.SHUTDOWN.set()
 
-    def park_hook(self, _module: Any, _args: Any) -> None:
-        """A forward pre-hook: after an interrupt, the worker thread waits here for good."""
+    def park(self) -> None:
+        """At each engine step (runs/worker.py's observer): after an interrupt, the engine's
+        thread waits here for good."""
         if self.requested.is_set():
             self.parked.set()
             threading.Event().wait()

@@ -28,7 +28,6 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from batchwright.engine.requests.observer import Observer
 from batchwright.engine.requests.types import GenResult
 
 # Rates are measured over this trailing window, so the ETA follows the current pace.
@@ -54,8 +53,8 @@ class LiveCounts:
             self.base_done, self.base_failed = done, failed
             self.done = self.failed = 0
 
-    def generating(self, *_: object) -> None:
-        """The first forward pass has run (a forward hook calls it on every pass)."""
+    def generating(self) -> None:
+        """The first forward pass has run (the run's observer calls it on every pass)."""
         if self.first_token is None:
             with self._lock:
                 if self.first_token is None:
@@ -74,16 +73,6 @@ class LiveCounts:
     def snapshot(self) -> tuple[int, int, int]:
         with self._lock:
             return self.base_done + self.done, self.base_failed + self.failed, self.tokens
-
-
-class Counting(Observer):
-    """Counts every result an engine hands out (Engine.observe)."""
-
-    def __init__(self, counts: LiveCounts) -> None:
-        self.counts = counts
-
-    def finished(self, result: GenResult) -> None:
-        self.counts.add(result)
 
 
 class _Rates:

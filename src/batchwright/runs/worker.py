@@ -10,17 +10,38 @@ from typing import TYPE_CHECKING
 from sqlalchemy import func, select
 
 from batchwright import control
+from batchwright.config import get_settings
 from batchwright.controlplane.dispatch import FINALIZE, PROCESS, VALIDATE, InlineDispatcher
 from batchwright.db.models import BatchRequest
 from batchwright.db.session import session_scope
 from batchwright.registry import ModelSpec
 from batchwright.runs.builds import first_use_builds
 from batchwright.runs.interrupt import Interrupt
-from batchwright.runs.progress import Counting, LiveCounts, RunView
+from batchwright.runs.progress import LiveCounts, RunView
 from batchwright.worker.generation import runner
+from batchwright.worker.generation.engine_host import EngineHost, HostObserver
 
 if TYPE_CHECKING:
     from batchwright.engine.engine import Engine
+    from batchwright.engine.requests.types import GenResult
+
+
+class Watching(HostObserver):
+    """What the run sees of the engine, through its host: results are counted for the
+    progress line (its rates from the first forward pass), and after an interrupt the
+    engine's thread parks at its next step (runs/interrupt.py)."""
+
+    def __init__(self, counts: LiveCounts, interrupt: Interrupt) -> None:
+        self.counts, self.interrupt = counts, interrupt
+
+    def step(self) -> None:
+        self.interrupt.park()
+
+    def forward(self, seconds: float, prompt_tokens: int) -> None:
+        self.counts.generating()
+
+    def finished(self, result: GenResult) -> None:
+        self.counts.add(result)
 
 
 class InlineWorker:
@@ -36,6 +57,8 @@ class InlineWorker:
         self.dispatcher, self.counts, self.interrupt = dispatcher, counts, interrupt
         self.view = view
         self.failures: list[BaseException] = []
+        self.watching = Watching(counts, interrupt)
+        self.hosts: list[EngineHost] = []  # those watched
 
     def engine(self, spec: ModelSpec) -> Engine:
         # The progress line says so while torch and the model load (seconds, every run).
@@ -50,13 +73,12 @@ class InlineWorker:
                     outcome.built = build.run()
                     outcome.stopped = self.interrupt.requested.is_set()
             engine = runner.engine_for(spec)
-        if not any(isinstance(o, Counting) for o in engine.observers):
-            # Observers only: results are counted for the progress line (its rates from the
-            # first forward pass), and an interrupt parks the thread at the next forward
-            # pass (runs/interrupt.py).
-            engine.lm.model.register_forward_hook(self.counts.generating)
-            engine.lm.model.register_forward_pre_hook(self.interrupt.park_hook)
-            engine.observe(Counting(self.counts))
+        # The engine runs in its host (the one runner.process attaches the lease to, kept
+        # for the next slice), which this run watches while it lasts.
+        with runner.host_for(spec.name, engine, get_settings()) as host:
+            if host not in self.hosts:
+                host.observe(self.watching)
+                self.hosts.append(host)
         return engine
 
     def validate(self, batch_id: str) -> None:
@@ -69,6 +91,9 @@ class InlineWorker:
             self._drain()
         except BaseException as exc:  # surfaced by run_file in the main thread
             self.failures.append(exc)
+        finally:
+            for host in self.hosts:
+                host.unobserve(self.watching)
 
     def _drain(self) -> None:
         tasks: dict[str, Callable[..., object]] = {

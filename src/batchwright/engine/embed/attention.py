@@ -82,7 +82,7 @@ def attention(
         from torch.nn.attention.varlen import varlen_attn
 
         assert plan.cu is not None
-        out = varlen_attn(
+        row = varlen_attn(
             q,
             k,
             v,
@@ -94,13 +94,13 @@ def attention(
             window_size=(-1, 0) if causal else (-1, -1),
             enable_gqa=gqa,
         )
-        assert isinstance(out, torch.Tensor)
-        return out[None], None
+        assert isinstance(row, torch.Tensor)
+        return row[None], None
     result = q.new_empty((q.shape[0], q.shape[1], v.shape[-1]))
     for start, n, length in plan.runs:
         end = start + n * length
         # [n * length, heads, dim] -> [n, heads, length, dim]
-        qs, ks, vs = (t[start:end].unflatten(0, (n, length)).transpose(1, 2) for t in (q, k, v))
+        qs, ks, vs = (t[start:end].view(n, length, *t.shape[1:]).transpose(1, 2) for t in (q, k, v))
         attended = F.scaled_dot_product_attention(
             qs, ks, vs, is_causal=causal and length > 1, scale=scaling, enable_gqa=gqa
         )

@@ -15,7 +15,7 @@ WAKE to end that wait); the read-ahead is bounded by tokens (`_WINDOW` forwards'
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -100,6 +100,11 @@ def forward_tokens(lm: EmbedModel, asked: int) -> int:
     return max(1, min(asked, max(cap, lm.context_length)))
 
 
+def _owner(item: Input) -> EmbedJob:
+    job: EmbedJob = item.owner  # type: ignore[assignment]
+    return job
+
+
 class EmbedEngine:
     def __init__(self, lm: EmbedModel, spec: ModelSpec) -> None:
         self.lm = lm
@@ -156,7 +161,7 @@ class EmbedEngine:
         single = len(inputs) == 1
         prompt_tokens = 0
         if inputs and isinstance(inputs[0], str):
-            ids_list, prompt_tokens = self._tokenize(inputs)  # type: ignore[arg-type]
+            ids_list, prompt_tokens = self._tokenize(inputs)
         else:
             ids_list = inputs  # type: ignore[assignment]
         total = 0
@@ -252,9 +257,9 @@ class EmbedEngine:
                 if exhausted and not live:
                     return
                 continue
-            inputs = queue.next_pack(lambda x: x.owner.group)
+            inputs = queue.next_pack(lambda x: _owner(x).group)
             if feed is not None:
-                feed.rows(len({id(x.owner) for x in inputs if x.owner.online}))
+                feed.rows(len({id(x.owner) for x in inputs if _owner(x).online}))
             yield from self._forward(inputs, live)
 
     def _admit(
@@ -276,7 +281,7 @@ class EmbedEngine:
         wait: bool = False,
         limit: int | None = None,
         room: int | None = None,
-    ) -> Iterator[EmbedJob]:
+    ) -> Generator[EmbedJob, None, bool]:
         """Jobs from the source: with `wait` (nothing to do) a forward's worth, waiting for
         each (`max_rows` requests or `max_batch_tokens` tokens, as the generation engine
         waits for a batch's worth: a forward of the first line alone, then of the next,
@@ -314,7 +319,7 @@ class EmbedEngine:
         )
         hidden = self.forward(p)
         vectors = pool(hidden, p, lm.pooling)
-        dims = [x.owner.dims or 0 for x in p.inputs]
+        dims = [_owner(x).dims or 0 for x in p.inputs]
         cut = torch.tensor(dims, device=lm.device) if any(dims) else None
         out = finish(vectors, lm.config.normalize, cut).cpu()
         if self.on_forward is not None:

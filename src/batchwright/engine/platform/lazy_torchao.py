@@ -24,20 +24,20 @@ def defer() -> bool:
         import transformers.utils as utils
     except ImportError:
         return False
-    real = utils.is_torchao_available
+    real = utils.is_torchao_available  # type: ignore[attr-defined]
     deferring = True
 
     def is_torchao_available(*args: Any, **kwargs: Any) -> bool:
         return False if deferring else bool(real(*args, **kwargs))
 
-    utils.is_torchao_available = is_torchao_available
+    utils.is_torchao_available = is_torchao_available  # type: ignore[attr-defined]
     try:
         from transformers.quantizers import quantizer_torchao
     except ImportError:
         return False
     finally:
         deferring = False
-        utils.is_torchao_available = real
+        utils.is_torchao_available = real  # type: ignore[attr-defined]
 
     def flatten_tensor_state_dict(state_dict: Any) -> Any:
         from torchao.prototype.safetensors.safetensors_support import (

@@ -39,7 +39,7 @@ def start(settings: Settings) -> list[str]:
 
 def get(model: str) -> EngineHost | None:
     """The model's host once it loaded (None: no host here, or its model failed to load;
-    the caller runs the engine itself then)."""
+    the lease then runs in a host of its own: runner.host_for)."""
     with _lock:
         host = _hosts.get(model)
     if host is None:

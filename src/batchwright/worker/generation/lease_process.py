@@ -34,7 +34,6 @@ from batchwright.config import Settings
 from batchwright.controlplane import budget
 from batchwright.controlplane.dispatch import get_dispatcher
 from batchwright.engine.requests.types import GenRequest, GenResult
-from batchwright.serving.wire import Wire
 from batchwright.worker import metrics
 from batchwright.worker.lease_child.messages import (
     Cancelled,
@@ -136,7 +135,8 @@ def _record(counters: Counters) -> None:
 
 class RemoteLease:
     """The worker's side: a request source (with `ready()`, engine/scheduling/intake.py), a result
-    sink and the engine's cancel hook, all served by a lease process."""
+    sink and the engine's cancel hook, all served by a lease process; the engine host
+    (engine_host.py) runs it. `landed` is known once the lease closes."""
 
     # Its window is ordered (newcomers first): the engine reads it only a little ahead.
     orders_ahead = True
@@ -183,12 +183,6 @@ class RemoteLease:
         self._child: _Child | None = None
 
     # --- the engine's side ---------------------------------------------------------------
-
-    def run(self, engine: Any) -> None:
-        """Generate for this lease's lines; `landed` is known once the lease closes."""
-        wire = Wire(engine)
-        for result in engine.run(self, cancelled=self.cancelled):
-            self.put(wire(result))
 
     def ready(self) -> int:
         self._pump(block=False)

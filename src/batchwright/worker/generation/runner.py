@@ -1,11 +1,13 @@
 """Generation: a model loaded once per process, and the `process` task's body (claim,
-generate, write results under a lease). Celery's task and the embedded run call it."""
+generate, write results under a lease, the lines run in an engine host). Celery's task and
+the embedded run call it."""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from batchwright.config import Settings, get_settings
@@ -13,16 +15,15 @@ from batchwright.controlplane import routing
 from batchwright.controlplane.dispatch import FINALIZE, PROCESS, get_dispatcher
 from batchwright.engine.requests.types import ModelRefused
 from batchwright.registry import ModelSpec, Registry, load_registry
-from batchwright.serving.wire import Wire
 from batchwright.worker import adapters, metrics
-from batchwright.worker.generation import lease_process
+from batchwright.worker.generation import engine_host, lease_process
+from batchwright.worker.generation.engine_host import EngineHost
 from batchwright.worker.lease_child import pipeline
 from batchwright.worker.lease_child.claims import Lease, is_out_of_memory
 from batchwright.worker.stats import STATS
 
 if TYPE_CHECKING:
     from batchwright.engine.engine import Engine
-    from batchwright.worker.generation.engine_host import EngineHost
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,13 @@ def set_cpu_threads(engine: Engine, settings: Settings) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
 
 
+def host_for(model: str, engine: Any, settings: Settings) -> AbstractContextManager[EngineHost]:
+    """The host that runs `engine` in this process when the worker started none for it
+    (the embedded run; a task run before or without the worker's hosts): a thread, kept
+    for the next lease (engine_host.local)."""
+    return engine_host.local(model, engine, orders_ahead=lease_process.wanted(settings))
+
+
 def process(
     model: str,
     registry: Registry | None = None,
@@ -95,44 +103,47 @@ def process(
 ) -> int:
     """Generate for queued rows of `model` until none are left or the time slice ends.
 
+    The lease's lines run in an engine host: `host`, the model's in a worker
+    (worker/generation/hosts.py, shared with online requests), or else one of this
+    process that runs the engine `engine_provider` gives (host_for). The lease is a
+    remote source of lines (a lease process, on Postgres with `lease_process` on) or a
+    local one (claim and write threads in this process).
+
     `on_cancel(batch_id)` runs, off the generation loop, once lines this lease held of a
     cancelled batch are closed: the caller finalizes it there (control.finalize_batch).
-    Without one the batch's finalize is sent as a message. `host`: the model's engine
-    loop in this process (worker/generation/engine_host.py), shared with online requests; without
-    one the lease runs the engine itself."""
+    Without one the batch's finalize is sent as a message."""
     settings = get_settings()
     spec = (registry or load_registry(settings)).get(model)
     if spec is None or not routing.serves(model, settings) or model in STATS.refused:
         return 0  # a model this process refused at load takes no lines here
-    engine = engine_provider(spec)
+    if host is not None:
+        return _attach(host, model, settings, on_cancel or _finalize)
+    with host_for(model, engine_provider(spec), settings) as own:
+        return _attach(own, model, settings, on_cancel or _finalize)
+
+
+def _attach(
+    host: EngineHost, model: str, settings: Settings, on_cancel: Callable[[str], None]
+) -> int:
+    """One lease's lines through `host`; returns how many results landed."""
     landed = 0
     try:
         lease: Lease | lease_process.RemoteLease
         if lease_process.wanted(settings):
-            remote = lease_process.RemoteLease(
-                model, settings, SHUTDOWN, on_cancel or _finalize, getattr(engine, "prepare", None)
-            )
-            with remote as lease:
-                if host is not None:
-                    host.run_lease(lease, lease.put, lease.cancelled)
-                else:
-                    lease.run(engine)
+            prepare = getattr(host.engine, "prepare", None)
+            with lease_process.RemoteLease(model, settings, SHUTDOWN, on_cancel, prepare) as lease:
+                host.run_lease(lease, lease.put, lease.cancelled)
             landed = lease.landed
         else:
             with Lease(model, settings, SHUTDOWN) as lease:
-                lease.cancels.on_batch = on_cancel or _finalize
-                landed = generate(
-                    engine, lease, model, settings, cancelled=lease.cancelled, host=host
-                )
+                lease.cancels.on_batch = on_cancel
+                landed = generate(host, lease, model, settings)
     except Exception as exc:
-        rows = getattr(engine, "max_rows", 1)
-        if not is_out_of_memory(exc) or (rows <= 1 and host is None):
+        if not is_out_of_memory(exc):
             raise
-        # The lease gave the lines back unharmed; decode fewer rows at once and go again
-        # (a host has halved its engine's rows already, before its next run).
-        if host is None:
-            engine.max_rows = max(1, rows // 2)
-            log.warning("out of memory with %d rows; retrying with %d", rows, engine.max_rows)
+        # The lease gave the lines back unharmed, and the host halved its engine's rows
+        # before its next run (one row left, it fails the lease with another error): go
+        # again with fewer rows at once.
         metrics.OOM_HALVINGS.labels(model).inc()
         get_dispatcher().send(PROCESS, model)
         return landed
@@ -141,17 +152,9 @@ def process(
     return landed
 
 
-def generate(
-    engine: Any,
-    lease: Any,
-    model: str,
-    settings: Any,
-    cancelled: Any | None = None,
-    host: Any | None = None,
-) -> int:
-    """Run `engine` on the lease's lines; returns how many results landed. `cancelled`:
-    the engine's cancel hook (Engine.run(requests, cancelled=...)), passed through.
-    `host`: the model's engine loop (engine_host.py) runs them instead."""
+def generate(host: EngineHost, lease: Lease, model: str, settings: Settings) -> int:
+    """A local lease's lines through `host` (read ahead in a thread, results written by
+    another); returns how many results landed."""
     # The engine's window (engine/scheduling/intake.py) hides a claim's latency; lines queued here
     # are ahead of a newcomer's (lease_child/claims.py), so only a few wait here.
     writer = pipeline.ResultWriter(
@@ -159,17 +162,11 @@ def generate(
     )
     depth = max(1, settings.claim_batch_size // 8)
     # An engine that takes lines as they are (a test's stand-in) has no preparer.
-    prepare = getattr(engine, "prepare", None)
+    prepare = getattr(host.engine, "prepare", None)
     feed = pipeline.ReadAhead(lease.requests(), model, depth, writer.handed, prepare)
     try:
         with writer:
-            if host is not None:
-                host.run_lease(feed, writer.put, cancelled)
-            else:
-                hook = {} if cancelled is None else {"cancelled": cancelled}
-                wire = Wire(engine)
-                for result in engine.run(feed, **hook):
-                    writer.put(wire(result))
+            host.run_lease(feed, writer.put, lease.cancelled)
     finally:
         feed.close()
         if feed.handed > writer.received:
