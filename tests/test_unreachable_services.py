@@ -16,7 +16,7 @@ CLOSED = "127.0.0.1:1"  # nothing listens on port 1
 # needs only Redis (the relay's).
 TESTS = {
     "Postgres": "tests/service/test_validation.py::test_not_json",
-    "Redis": "tests/relay/test_relay.py::test_each_request_is_taken_by_exactly_one_worker",
+    "Redis": "tests/online/relay/test_relay.py::test_each_request_is_taken_by_exactly_one_worker",
 }
 
 

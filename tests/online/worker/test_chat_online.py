@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from tests.online_engine.test_worker_engine import _live, _worker
+from tests.online.worker.test_worker_engine import _live, _worker
 from tests.shared.conftest import Service
 
 MESSAGES: Any = [

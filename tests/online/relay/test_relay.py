@@ -24,7 +24,7 @@ from batchwright.relay.messages import (
 )
 from batchwright.relay.worker_side import WorkerRelay
 from tests.conftest import REDIS
-from tests.relay.conftest import Relays, run, wait_for
+from tests.online.relay.conftest import Relays, run, wait_for
 
 
 @asynccontextmanager
