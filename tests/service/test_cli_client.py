@@ -109,11 +109,17 @@ def test_watch_follows_a_running_batch_to_its_end(cli: CLI, tmp_path: Path) -> N
     assert "tok/s" in done.stderr  # the live line, drawn on stderr
 
 
-def test_cancel(cli: CLI, tmp_path: Path) -> None:
+def test_cancel(cli: CLI, tmp_path: Path, worker: Proc) -> None:
     src = tmp_path / "cancel.jsonl"
     src.write_bytes(jsonl([line(f"c{i}", {"max_tokens": 64}) for i in range(300)]))
-    batch = cli.json("batches", "submit", str(src))
-    cancelled = cli.json("batches", "cancel", batch["id"])
+    # The worker frozen from submit to cancel: the batch cannot be done before the cancel
+    # lands, however fast the engine (an engine host kept warm ran all 300 lines first).
+    worker.signal_group(signal.SIGSTOP)
+    try:
+        batch = cli.json("batches", "submit", str(src))
+        cancelled = cli.json("batches", "cancel", batch["id"])
+    finally:
+        worker.signal_group(signal.SIGCONT)
     assert cancelled["status"] in ("cancelling", "cancelled")
     watched = cli("batches", "watch", batch["id"], "--interval", "0.3")
     assert watched.returncode == 1 and "cancelled" in watched.stdout  # not completed: exit 1

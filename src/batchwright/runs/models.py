@@ -67,6 +67,9 @@ def preload(path: Path, console: Console, interrupt: Interrupt, *, show_progress
                 from transformers.utils import logging as hf_logging
 
                 hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+                # Its advisories too (a masked-LM's "add is_decoder=True" on the way to a refusal):
+                # the run's own line says what went wrong, and the loader refuses what matters.
+                hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
                 for build in [] if runner.loaded(name) else first_use_builds(spec):
                     if interrupt.requested.is_set():
                         return False  # the next build would only be cut short too
