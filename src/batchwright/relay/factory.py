@@ -6,6 +6,9 @@ from collections.abc import Sequence
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from batchwright.config import Settings, get_settings
 from batchwright.relay.api_side import ApiRelay
@@ -39,6 +42,15 @@ def worker_relay(
     )
 
 
+def _reconnect() -> Retry:
+    """A command whose pooled connection Redis closed (a restart, a client kill, an idle
+    timeout) is sent again once on a new one, instead of failing its request with a 503
+    while Redis is up. Connection errors only: a timeout may mean the command ran. A
+    pool built from a URL has no retries (redis-py gives its default to clients that
+    build their own pool only)."""
+    return Retry(ExponentialBackoff(cap=0.5, base=0.05), 2, (RedisConnectionError,))
+
+
 def api_relay(settings: Settings | None = None) -> ApiRelay:
     """The API process's relay; create it inside the event loop that will use it.
 
@@ -56,6 +68,7 @@ def api_relay(settings: Settings | None = None) -> ApiRelay:
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         health_check_interval=30,
+        retry=_reconnect(),
     )
     client = aioredis.Redis(connection_pool=pool)
     liveness = min(1.0, settings.online_worker_ttl_seconds / 3)
@@ -64,6 +77,7 @@ def api_relay(settings: Settings | None = None) -> ApiRelay:
         socket_timeout=timeout + liveness,
         socket_connect_timeout=timeout,
         health_check_interval=30,
+        retry=_reconnect(),
     )
     return ApiRelay(
         client,
