@@ -44,7 +44,7 @@ def worker_relay(
 
 def _reconnect() -> Retry:
     """A command whose pooled connection Redis closed (a restart, a client kill, an idle
-    timeout) is sent again once on a new one, instead of failing its request with a 503
+    timeout) is sent again on a new one (twice at most), instead of failing with a 503
     while Redis is up. Connection errors only: a timeout may mean the command ran. A
     pool built from a URL has no retries (redis-py gives its default to clients that
     build their own pool only)."""
