@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
@@ -32,7 +32,7 @@ from sqlalchemy.exc import OperationalError
 
 from batchwright.config import Settings
 from batchwright.controlplane import budget
-from batchwright.controlplane.dispatch import get_dispatcher
+from batchwright.controlplane.dispatch import CeleryDispatcher, get_dispatcher
 from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.worker import metrics
 from batchwright.worker.lease_child.messages import (
@@ -146,7 +146,6 @@ class RemoteLease:
         model: str,
         settings: Settings,
         stop: threading.Event,
-        on_cancel: Callable[[str], None],
         prepare: Prepare | None = None,
     ) -> None:
         self.model = model
@@ -157,8 +156,6 @@ class RemoteLease:
         self._pool: ThreadPoolExecutor | None = None
         self.settings = settings
         self.stop = stop
-        # Called with each batch whose held lines the lease process just cancelled.
-        self.on_cancel = on_cancel
         self.token = ""
         self.more_work = False
         self.landed = 0
@@ -279,11 +276,9 @@ class RemoteLease:
                     )
             case End(more_work):
                 self._ended, self.more_work = True, more_work
-            case Cancelled(keys, batch_id):
+            case Cancelled(keys):
                 self._cancelled |= keys
                 self._new_cancels |= keys
-                # Finalizing sends messages and takes locks: not on the generation loop.
-                threading.Thread(target=self.on_cancel, args=(batch_id,), daemon=True).start()
             case Stats(counters):
                 _record(counters)
             case Dispatch(task, args):
@@ -311,7 +306,8 @@ class RemoteLease:
     def __enter__(self) -> RemoteLease:
         self._child = _acquire(self.settings)
         try:
-            self._send(Open(self.model, self._window))
+            relay = not isinstance(get_dispatcher(), CeleryDispatcher)
+            self._send(Open(self.model, self._window, relay))
             msg = self._recv()
             while not isinstance(msg, Opened):
                 self._handle(msg)

@@ -109,9 +109,10 @@ def process(
     remote source of lines (a lease process, on Postgres with `lease_process` on) or a
     local one (claim and write threads in this process).
 
-    `on_cancel(batch_id)` runs, off the generation loop, once lines this lease held of a
-    cancelled batch are closed: the caller finalizes it there (control.finalize_batch).
-    Without one the batch's finalize is sent as a message."""
+    `on_cancel(batch_id)` runs, off the generation loop, once lines a local lease held of
+    a cancelled batch are closed: the caller finalizes it there (control.finalize_batch);
+    without one the batch's finalize is sent as a message. A remote lease's child sends
+    that message itself."""
     settings = get_settings()
     spec = (registry or load_registry(settings)).get(model)
     if spec is None or not routing.serves(model, settings) or model in STATS.refused:
@@ -131,7 +132,7 @@ def _attach(
         lease: Lease | lease_process.RemoteLease
         if lease_process.wanted(settings):
             prepare = getattr(host.engine, "prepare", None)
-            with lease_process.RemoteLease(model, settings, SHUTDOWN, on_cancel, prepare) as lease:
+            with lease_process.RemoteLease(model, settings, SHUTDOWN, prepare) as lease:
                 host.run_lease(lease, lease.put, lease.cancelled)
             landed = lease.landed
         else:

@@ -7,8 +7,10 @@ type instead of a string tag.
 The generation process (generation/lease_process.py) opens a lease, grants credit for
 requests as the engine takes them, sends results, asks to stop claiming, and closes the
 lease; the lease child (serve.py) answers the open, sends requests and their end, the
-lines of cancelled batches, the messages a write sends (a batch's finalize), its counters
-and failures, and the close.
+lines of cancelled batches, its counters and failures, and the close. The child sends a
+batch's finalize itself (Celery); only where the generation process's dispatcher is in
+that process (the embedded run on Postgres, in-process tests) does it come over as a
+`Dispatch`.
 """
 
 from __future__ import annotations
@@ -40,10 +42,13 @@ class Counters(NamedTuple):
 
 
 class Open(NamedTuple):
-    """Open a lease on `model`'s lines; `window`: requests to send before any credit."""
+    """Open a lease on `model`'s lines; `window`: requests to send before any credit;
+    `relay`: the worker's dispatcher is in its process, so the child's messages go to it
+    (`Dispatch`) rather than to Celery."""
 
     model: str
     window: int
+    relay: bool
 
 
 class Credit(NamedTuple):
@@ -87,16 +92,15 @@ class End(NamedTuple):
 
 
 class Cancelled(NamedTuple):
-    """Held lines of a cancelled batch, closed as cancelled: the engine drops `keys`, the
-    generation process finalizes `batch_id`."""
+    """Held lines of a cancelled batch, closed as cancelled: the engine drops `keys` (the
+    child has sent the batch's finalize)."""
 
     keys: AbstractSet[Any]
-    batch_id: str
 
 
 class Dispatch(NamedTuple):
-    """A message a write sends (a batch's last line landed: finalize it), for the
-    generation process's dispatcher (Celery, or in-process)."""
+    """A message the child sends (a batch's finalize), for a generation process whose
+    dispatcher is in-process (`Open.relay`)."""
 
     task: str
     args: tuple[Any, ...]

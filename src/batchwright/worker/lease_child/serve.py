@@ -23,7 +23,12 @@ from typing import Any
 
 from batchwright.config import get_settings
 from batchwright.controlplane import budget
-from batchwright.controlplane.dispatch import set_dispatcher
+from batchwright.controlplane.dispatch import (
+    FINALIZE,
+    CeleryDispatcher,
+    get_dispatcher,
+    set_dispatcher,
+)
 from batchwright.worker.lease_child.claims import Lease
 from batchwright.worker.lease_child.messages import (
     Cancelled,
@@ -69,8 +74,8 @@ class _Pipe:
 
 
 class _PipeDispatcher:
-    """Messages a write sends (a batch's last line landed: finalize it) go through the
-    worker, whose dispatcher is the right one (Celery, or in-process when embedded)."""
+    """The child's messages (a batch's finalize) for a worker whose dispatcher is in its
+    own process (the embedded run, in-process tests): they go over the pipe to it."""
 
     def __init__(self, pipe: _Pipe) -> None:
         self.pipe = pipe
@@ -157,10 +162,12 @@ def _serve(pipe: _Pipe, model: str, window: int) -> None:
     stop = threading.Event()
     error: Failure | None = None
     with Lease(model, settings, stop) as lease:
-        # Finalizing a cancelled batch is the worker's (it has the dispatcher).
-        lease.cancels.on_batch = lambda batch_id: pipe.send(
-            Cancelled(lease.cancels.drain(), batch_id)
-        )
+
+        def cancelled(batch_id: str) -> None:
+            pipe.send(Cancelled(lease.cancels.drain()))
+            get_dispatcher().send(FINALIZE, batch_id)
+
+        lease.cancels.on_batch = cancelled
         # Shallow: lines queued here are ahead of a newcomer batch's (claims.py); in the
         # worker's window (generation/lease_process.py, a claim's worth) a newcomer's go first.
         writer = ResultWriter(
@@ -209,10 +216,10 @@ def main() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s lease-process %(message)s")
     pipe = _Pipe(Connection(int(sys.argv[1])))
-    set_dispatcher(_PipeDispatcher(pipe))
     while True:
         match pipe.recv():
-            case Open(model, window):
+            case Open(model, window, relay):
+                set_dispatcher(_PipeDispatcher(pipe) if relay else CeleryDispatcher())
                 try:
                     _serve(pipe, model, window)
                 except BaseException as exc:  # the lease could not open or close: say so
