@@ -44,20 +44,33 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
+def create_database(prefix: str) -> str:
+    """An empty Postgres database of its own, named `prefix`_<random>: its URL."""
     import psycopg
 
-    name = f"bw_test_{uuid.uuid4().hex[:10]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     try:
         with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=5) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
     except Exception as exc:
         _unavailable("Postgres", exc)
-    url = PG_ADMIN.rsplit("/", 1)[0] + "/" + name
-    yield url
+    return PG_ADMIN.rsplit("/", 1)[0] + "/" + name
+
+
+def drop_database(url: str) -> None:
+    """Drop what create_database made, whoever is still connected."""
+    import psycopg
+
+    name = url.rsplit("/", 1)[1]
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    url = create_database("bw_test")
+    yield url
+    drop_database(url)
 
 
 @pytest.fixture(scope="session")

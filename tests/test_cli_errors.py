@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import PG_ADMIN, Proc, _free_port
+from tests.conftest import PG_ADMIN, Proc, _free_port, create_database, drop_database
 
 
 def cli(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
@@ -114,13 +114,9 @@ def test_a_database_that_does_not_exist(command: tuple[str, ...]) -> None:
 
 
 def test_a_database_without_tables_and_one_that_is_down(pg_url: str) -> None:
-    import psycopg
-
-    name = f"bw_empty_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+    empty = create_database("bw_empty")
+    name = empty.rsplit("/", 1)[1]
     try:
-        empty = PG_ADMIN.rsplit("/", 1)[0] + "/" + name
         done = cli("keys", "create", BATCHWRIGHT_DATABASE_URL=empty)
         assert done.returncode == 1 and done.stdout == ""
         assert one_line(done).endswith("has no tables yet: run `batchwright db upgrade` first")
@@ -128,8 +124,7 @@ def test_a_database_without_tables_and_one_that_is_down(pg_url: str) -> None:
         assert upgraded.returncode == 0, upgraded.stderr
         assert f"database at head: postgresql://postgres@127.0.0.1:5432/{name}" in upgraded.stdout
     finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_database(empty)
     down = cli(
         "db",
         "upgrade",

@@ -58,21 +58,26 @@ def test_int8_weight_only_checkpoint_matches_hf_and_stays_small(tmp_path: Path) 
     assert margin > 1e-3
     compare(engine, want)
 
-    # A worker imports the engine first: transformers then comes up without torchao
-    # (engine/platform/lazy_torchao.py), and the checkpoint imports it as it loads.
+    # A worker imports the engine first: transformers then comes up without torchao or
+    # scipy (engine/platform/lazy_imports.py); the checkpoint imports torchao as it loads,
+    # and the losses' matching (scipy's) still answers when called.
     script = f"""
 import json, sys
 from batchwright.engine.engine import Engine
 from tests.engine.test_models import engine_greedy, spec
 before = "torchao" in sys.modules
 engine = Engine.load(spec({str(path)!r}))
-print(json.dumps({{"before": before, "after": "torchao" in sys.modules,
-    "greedy": engine_greedy(engine)}}))
+after, scipy = "torchao" in sys.modules, "scipy" in sys.modules
+from transformers.loss.loss_rt_detr import linear_sum_assignment
+rows, cols = linear_sum_assignment([[4.0, 1.0], [2.0, 8.0]])
+print(json.dumps({{"before": before, "after": after, "scipy": scipy,
+    "matching": [rows.tolist(), cols.tolist()], "greedy": engine_greedy(engine)}}))
 """
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True
     )
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    assert (got["before"], got["after"]) == (False, True)
+    assert (got["before"], got["after"], got["scipy"]) == (False, True, False)
+    assert got["matching"] == [[0, 1], [1, 0]]
     assert [text for text, _ in got["greedy"]] == [text for text, _ in engine_greedy(engine)]

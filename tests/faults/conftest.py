@@ -24,7 +24,15 @@ import httpx
 import psycopg
 import pytest
 
-from tests.conftest import PG_ADMIN, Proc, _free_port, _unavailable, create_key
+from tests.conftest import (
+    PG_ADMIN,
+    Proc,
+    _free_port,
+    _unavailable,
+    create_database,
+    create_key,
+    drop_database,
+)
 
 FAULT_REDIS = os.environ.get("BW_TEST_FAULT_REDIS", "redis://127.0.0.1:6379/8")
 
@@ -145,14 +153,11 @@ class Stack:
 def stack(bw_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     import redis
 
-    name = f"bw_fault_{uuid.uuid4().hex[:10]}"
     try:
-        with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=5) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
         redis.Redis.from_url(FAULT_REDIS, socket_timeout=5).ping()
     except Exception as exc:
-        _unavailable("Postgres/Redis", exc)
-    pg_url = PG_ADMIN.rsplit("/", 1)[0] + "/" + name
+        _unavailable("Redis", exc)
+    pg_url = create_database("bw_fault")
     env = {
         **os.environ,
         "BATCHWRIGHT_DATABASE_URL": pg_url,
@@ -183,8 +188,7 @@ def stack(bw_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     finally:
         for proc in st.procs:
             proc.stop(signal.SIGKILL)
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_database(pg_url)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +12,7 @@ import psycopg
 import pytest
 from openai import OpenAI
 
-from tests.conftest import PG_ADMIN
+from tests.conftest import create_database, drop_database
 from tests.helpers import jsonl, line, read_jsonl, submit, wait_batch
 
 
@@ -174,16 +173,12 @@ def test_keys_revoke_unknown_id_is_one_line(service_env: dict[str, str]) -> None
 
 
 def test_keys_create_before_db_upgrade_says_what_to_do(service_env: dict[str, str]) -> None:
-    name = f"bw_empty_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+    url = create_database("bw_empty")
     try:
-        url = PG_ADMIN.rsplit("/", 1)[0] + "/" + name
         out = _cli({**service_env, "BATCHWRIGHT_DATABASE_URL": url}, "keys", "create")
         assert out.returncode == 1
         assert "Traceback" not in out.stderr + out.stdout
         assert "batchwright db upgrade" in out.stderr, out.stderr
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_database(url)

@@ -20,7 +20,15 @@ import httpx
 import psycopg
 import pytest
 
-from tests.conftest import PG_ADMIN, REDIS, Proc, _free_port, _unavailable, create_key
+from tests.conftest import (
+    REDIS,
+    Proc,
+    _free_port,
+    _unavailable,
+    create_database,
+    create_key,
+    drop_database,
+)
 from tests.helpers import wait_until
 
 METRICS_KEY = "bw-test-metrics-key"
@@ -89,14 +97,11 @@ def run_service(
     adds or overrides settings of every process it starts."""
     import redis
 
-    name = f"bw_shared_{uuid.uuid4().hex[:10]}"
     try:
-        with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=5) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
         redis.Redis.from_url(REDIS, socket_timeout=5).ping()
     except Exception as exc:
-        _unavailable("Postgres/Redis", exc)
-    pg_url = PG_ADMIN.rsplit("/", 1)[0] + "/" + name
+        _unavailable("Redis", exc)
+    pg_url = create_database("bw_shared")
     model = {"path": str(bw_home / "models" / "demo"), "max_rows": 16}
     env = {
         **os.environ,
@@ -138,8 +143,7 @@ def run_service(
     finally:
         for proc in svc.procs:
             proc.stop(signal.SIGKILL)
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_database(pg_url)
 
 
 @pytest.fixture

@@ -4,12 +4,11 @@ dispatcher) instead of going to a broker that other test runs share."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import PG_ADMIN, _unavailable
+from tests.conftest import create_database, drop_database
 
 
 def _reset() -> None:
@@ -23,19 +22,11 @@ def _reset() -> None:
 
 @pytest.fixture
 def database(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    import psycopg
-
     from batchwright.controlplane import dispatch
     from batchwright.db.migrate import upgrade_head
     from batchwright.db.session import get_engine
 
-    name = f"bw_worker_{uuid.uuid4().hex[:10]}"
-    try:
-        with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=5) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-    except Exception as exc:
-        _unavailable("Postgres", exc)
-    url = PG_ADMIN.rsplit("/", 1)[0] + "/" + name
+    url = create_database("bw_worker")
     monkeypatch.setenv("BATCHWRIGHT_DATABASE_URL", url)
     monkeypatch.setenv("BATCHWRIGHT_LEASE_SECONDS", "30")
     monkeypatch.delenv("BATCHWRIGHT_MODELS", raising=False)  # the registry: `demo` alone
@@ -48,8 +39,7 @@ def database(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         get_engine().dispose()
         monkeypatch.undo()
         _reset()
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_database(url)
 
 
 def add_batch(lines: int, model: str = "demo") -> str:

@@ -8,8 +8,8 @@ runner | output > loading > attention > kv > requests > sampling | text > platfo
 checked by import-linter. Semantics and batching design: docs/engine.md.
 """
 
-from batchwright.engine.platform import lazy_torchao
+from batchwright.engine.platform import lazy_imports
 from batchwright.engine.platform.import_noise import quiet
 
 quiet()
-lazy_torchao.defer()
+lazy_imports.defer()
