@@ -45,11 +45,11 @@ def test_load_counter_restarts_after_a_build_and_building_is_gone() -> None:
     with view.doing("loading demo"):
         clock.now += 20  # importing torch
         assert view.describe() == "loading demo · 20 s"
-        with view.building("the attention kernel") as outcome:
+        with view.building("the CPU kernels") as outcome:
             clock.now += 38
-            assert view.describe() == "building the attention kernel · 38 s"
+            assert view.describe() == "building the CPU kernels · 38 s"
             outcome.built = True
-        assert "built the attention kernel in 38 s" in out.getvalue()
+        assert "built the CPU kernels in 38 s" in out.getvalue()
         assert view.describe() == "loading demo · 0 s"
         clock.now += 3
         assert view.describe() == "loading demo · 3 s"
@@ -60,10 +60,10 @@ def test_load_counter_restarts_after_a_build_and_building_is_gone() -> None:
 def test_a_build_that_failed_or_was_stopped() -> None:
     clock = Clock()
     view, out = _view(clock)
-    with view.building("the attention kernel") as outcome:
+    with view.building("the CPU kernels") as outcome:
         clock.now += 2
         outcome.built = False
-    assert "could not build the attention kernel (2 s); going on without it" in out.getvalue()
+    assert "could not build the CPU kernels (2 s); going on without it" in out.getvalue()
     with view.building("the demo model") as outcome:
         outcome.stopped = True
     assert "built the demo model" not in out.getvalue()
@@ -134,7 +134,7 @@ def test_cold_run_says_what_it_builds_and_stops_cleanly_in_the_kernel_build(
         "COLUMNS": "200",
     }
     argv = [sys.executable, "-m", "batchwright.cli", "run", str(src)]
-    screen, code = _drive(argv, env, interrupt_on="building the attention kernel · ")
+    screen, code = _drive(argv, env, interrupt_on="building the CPU kernels · ")
     frames = [f.strip() for f in re.split(r"[\r\n]+", screen) if f.strip()]
 
     built = next(i for i, f in enumerate(frames) if f.startswith("built the demo model in "))
@@ -149,6 +149,6 @@ def test_cold_run_says_what_it_builds_and_stops_cleanly_in_the_kernel_build(
     # Ctrl-C in the kernel build: the run says it stopped, and nothing about the build.
     assert code == 130, screen[-2000:]
     assert "interrupted at 0 of 8 lines; run the same command again to continue" in screen
-    assert "built the attention kernel" not in screen
+    assert "built the CPU kernels" not in screen
     assert "could not build" not in screen
     assert "unavailable" not in screen, screen[-2000:]

@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -25,6 +26,8 @@ from batchwright.engine.sampling.sampler import Sampler
 from tests.engine.oracle import BatchSampler, update_counts
 
 CPU = torch.device("cpu")
+# The CPU step: the native kernel (engine/sampling/native.py), or torch's graphs without it.
+PATHS = pytest.mark.parametrize("native", [True, False], ids=["native", "graphs"])
 
 
 def _params(
@@ -65,11 +68,12 @@ def _peaked_logits(rows: int, vocab: int, step: int) -> torch.Tensor:
     return torch.randn(rows, vocab, generator=gen) * 4.0
 
 
-def test_matches_batch_sampler_on_the_same_logits() -> None:
+@PATHS
+def test_matches_batch_sampler_on_the_same_logits(native: bool) -> None:
     rows, vocab = 24, 5001  # two vocabulary blocks, the second padded
     kinds = _mix(rows, vocab)
     old = BatchSampler([_params(**k) for k in kinds], vocab, CPU)
-    new = Sampler(rows, vocab, CPU)
+    new = Sampler(rows, vocab, CPU, native=native)
     new.admit(range(rows), [_params(**k) for k in kinds])
     counts = torch.zeros(rows, vocab)
     for step in range(40):
@@ -96,9 +100,10 @@ def test_matches_batch_sampler_on_the_same_logits() -> None:
                 )
 
 
-def test_bias_forces_and_bans() -> None:
+@PATHS
+def test_bias_forces_and_bans(native: bool) -> None:
     vocab = 300
-    new = Sampler(4, vocab, CPU)
+    new = Sampler(4, vocab, CPU, native=native)
     new.admit(
         [0, 1, 2, 3],
         [
@@ -122,7 +127,8 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> set[int]:
     return set(ordered.indices[:kept].tolist())
 
 
-def test_sampling_stays_inside_the_nucleus() -> None:
+@PATHS
+def test_sampling_stays_inside_the_nucleus(native: bool) -> None:
     vocab, rows = 9001, 64  # four vocabulary blocks
     gen = torch.Generator().manual_seed(3)
     # A narrow nucleus (inside the candidate set) and a wide one (thousands of tokens).
@@ -135,9 +141,9 @@ def test_sampling_stays_inside_the_nucleus() -> None:
         edge = float(probs[list(inside)].min())
         tolerated = {t for t in range(vocab) if probs[t] >= edge * math.exp(-1 / _PER_NAT)}
         seen: Counter[int] = Counter()
-        s = Sampler(rows, vocab, CPU)
+        s = Sampler(rows, vocab, CPU, native=native)
         s.admit(range(rows), [_params(1.0, top_p, seed=i) for i in range(rows)])
-        full = Sampler(rows, vocab, CPU)
+        full = Sampler(rows, vocab, CPU, native=native)
         full.admit(range(rows), [_params(1.0, 1.0, seed=i) for i in range(rows)])
         outside = 0
         for _ in range(20):
@@ -155,12 +161,13 @@ def test_sampling_stays_inside_the_nucleus() -> None:
         assert abs(share - float(probs[top]) / mass) < 0.05 + 3 * math.sqrt(share / seen.total())
 
 
-def test_seeded_rows_do_not_depend_on_the_batch() -> None:
+@PATHS
+def test_seeded_rows_do_not_depend_on_the_batch(native: bool) -> None:
     vocab = 800
     row = {"temperature": 1.1, "top_p": 0.9, "presence": 0.3, "seed": 77}
-    alone = Sampler(1, vocab, CPU)
+    alone = Sampler(1, vocab, CPU, native=native)
     alone.admit([0], [_params(**row)])
-    crowd = Sampler(8, vocab, CPU)
+    crowd = Sampler(8, vocab, CPU, native=native)
     others = [_params(0.8, seed=i) for i in range(7)]
     crowd.admit([0, 1, 2, 4, 5, 6, 7], others)
     want, got = [], []
@@ -187,7 +194,7 @@ def test_seeded_rows_do_not_depend_on_the_batch() -> None:
         got.append(crowd.unpack(crowd.step(row_logits)).tokens[slot])
     assert got == want
     # And the seed matters: another seed draws other tokens from the same logits.
-    other = Sampler(1, vocab, CPU)
+    other = Sampler(1, vocab, CPU, native=native)
     other.admit([0], [_params(**{**row, "seed": 78})])
     drawn = []
     for step in range(20):
@@ -196,9 +203,10 @@ def test_seeded_rows_do_not_depend_on_the_batch() -> None:
     assert drawn != want[:20]
 
 
-def test_tiny_temperatures_are_greedy() -> None:
+@PATHS
+def test_tiny_temperatures_are_greedy(native: bool) -> None:
     vocab = 500
-    s = Sampler(4, vocab, CPU)
+    s = Sampler(4, vocab, CPU, native=native)
     s.admit(range(4), [_params(t, seed=i) for i, t in enumerate([1e-45, 1e-38, 1e-30, 0.0])])
     for step in range(5):
         logits = _peaked_logits(4, vocab, step)
@@ -217,9 +225,11 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _ops(rows: int, kinds: list[dict[str, Any]], *, shortcut: bool = False) -> Counter[str]:
+def _ops(
+    rows: int, kinds: list[dict[str, Any]], *, shortcut: bool = False, native: bool = False
+) -> Counter[str]:
     vocab = 2000
-    s = Sampler(64, vocab, CPU, shortcut=shortcut)
+    s = Sampler(64, vocab, CPU, shortcut=shortcut, native=native)
     s.admit(range(rows), [_params(**kinds[i % len(kinds)]) for i in range(rows)])
     logits = _peaked_logits(rows, vocab, 0)
     s.step(logits)
@@ -245,6 +255,10 @@ def test_op_count_does_not_depend_on_rows_or_parameters() -> None:
     assert _ops(48, penalised, shortcut=True) == short
     assert sum(plain.values()) < sum(short.values()) < sum(base.values()) / 2
     assert _ops(48, mixed, shortcut=True) == base
+    # The native CPU step: one call whatever the rows hold, fewer ops than the plain graph.
+    one = _ops(2, greedy, shortcut=True, native=True)
+    assert _ops(48, mixed, shortcut=True, native=True) == one
+    assert sum(one.values()) < sum(plain.values())
 
 
 def test_step_compiles_without_graph_breaks() -> None:
@@ -252,7 +266,7 @@ def test_step_compiles_without_graph_breaks() -> None:
     compiled = torch.compile(sample_step, fullgraph=True, backend="aot_eager")
     compiled_greedy = torch.compile(greedy_step, fullgraph=True, backend="aot_eager")
     kinds = _mix(rows, vocab)
-    a, b = Sampler(rows, vocab, CPU), Sampler(rows, vocab, CPU)
+    a, b = Sampler(rows, vocab, CPU, native=False), Sampler(rows, vocab, CPU, native=False)
     a.admit(range(rows), [_params(**k) for k in kinds])
     b.admit(range(rows), [_params(**k) for k in kinds])
     b._core, b._greedy_core = compiled, compiled_greedy
@@ -289,14 +303,15 @@ def test_compiled_step_sweeps_the_vocabulary_at_most_four_times_on_cuda() -> Non
     assert torch.allclose(packed, eager, atol=1e-4)
 
 
-def test_cpu_shortcuts_give_the_full_graphs_result() -> None:
+@PATHS
+def test_cpu_shortcuts_give_the_full_graphs_result(native: bool) -> None:
     vocab, rows = 900, 6
     kinds = [
         {"temperature": 0.0},
         {"temperature": 0.0, "presence": 0.7, "frequency": 0.3, "bias": {5: 3.0}, "logprobs": 3},
     ]
     for kind in kinds:
-        fast = Sampler(rows, vocab, CPU, shortcut=True)
+        fast = Sampler(rows, vocab, CPU, shortcut=True, native=native)
         full = Sampler(rows, vocab, CPU, shortcut=False)
         for s in (fast, full):
             s.admit(range(rows), [_params(**kind, seed=i) for i in range(rows)])
@@ -307,3 +322,41 @@ def test_cpu_shortcuts_give_the_full_graphs_result() -> None:
             assert torch.allclose(torch.tensor(a.chosen_logprobs), torch.tensor(b.chosen_logprobs))
             if kind.get("logprobs"):
                 assert a.top_ids == b.top_ids
+
+
+def test_native_step_gives_the_full_graphs_tokens_and_state() -> None:
+    """Every kind of row (greedy, nucleus, penalties, bias, logprobs), constrained rows and
+    admission steps through `rows`: the kernel's tokens, logprobs and state are the graph's."""
+    rows, vocab = 24, 5001
+    kinds = _mix(rows, vocab)
+    fast = Sampler(rows, vocab, CPU, native=True)
+    full = Sampler(rows, vocab, CPU, shortcut=False)
+    assert fast._native is not None
+    for s in (fast, full):
+        s.admit(range(rows), [_params(**k) for k in kinds])
+        # Rows 3 and 10 under a grammar: every third token allowed.
+        s.constrain([3, 10])
+        allowed = torch.zeros(vocab, dtype=torch.bool)
+        allowed[::3] = True
+        words = torch.zeros(2, s.host_mask.shape[1] * 32, dtype=torch.int64)
+        words[:, :vocab] = allowed.long()
+        bits = (words.view(2, -1, 32) << torch.arange(32)).sum(-1)
+        s.host_mask[[3, 10]] = bits.to(torch.int64).to(torch.int32)
+    for step in range(40):
+        logits = _peaked_logits(rows, vocab, step)
+        if step % 5 == 4:  # an admission step: some rows, out of order
+            picked = [9, 3, 17]
+            a = fast.unpack(fast.step(logits[:3].clone(), rows=picked))
+            b = full.unpack(full.step(logits[:3].clone(), rows=picked))
+        else:
+            a = fast.unpack(fast.step(logits.clone()))
+            b = full.unpack(full.step(logits.clone()))
+        assert a.tokens == b.tokens, step
+        constrained = [a.tokens[1]] if step % 5 == 4 else [a.tokens[3], a.tokens[10]]
+        assert all(t % 3 == 0 for t in constrained)
+        assert a.top_ids == b.top_ids
+        for x, y in ((a.chosen_logprobs, b.chosen_logprobs), (a.top_logprobs, b.top_logprobs)):
+            d = (torch.tensor(x) - torch.tensor(y)).abs()
+            assert d.max() < 1e-5, (step, d.max(), d.argmax())
+    assert torch.equal(fast.counts, full.counts) and torch.equal(fast.cursor, full.cursor)
+    assert torch.allclose(fast.offset, full.offset)

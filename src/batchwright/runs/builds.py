@@ -16,8 +16,8 @@ from batchwright.worker.generation import runner
 
 @dataclass(frozen=True)
 class Build:
-    what: str  # "the demo model", "the attention kernel"
-    run: Callable[[], bool]  # True when built (the kernel may fail: the engine keeps SDPA)
+    what: str  # "the demo model", "the CPU kernels"
+    run: Callable[[], bool]  # True when built (the kernels may fail: the engine keeps torch's)
 
 
 def first_use_builds(spec: ModelSpec) -> list[Build]:
@@ -26,7 +26,7 @@ def first_use_builds(spec: ModelSpec) -> list[Build]:
     if spec.name == DEMO_MODEL and not (Path(spec.path) / "config.json").exists():
         builds.append(Build("the demo model", lambda: _demo_model(spec)))
     if _kernel_wanted(spec) and not _kernel_built():
-        builds.append(Build("the attention kernel", _kernel))
+        builds.append(Build("the CPU kernels", _kernel))
     return builds
 
 
@@ -38,15 +38,15 @@ def _demo_model(spec: ModelSpec) -> bool:
 
 
 def _kernel() -> bool:
-    from batchwright.engine.attention.native import paged_attention_kernel
+    from batchwright.engine.platform import native
 
     # Ctrl-C reaches the compiler too (one process group), and the engine would then log
-    # that the kernel is unavailable "interrupted by user": the run is stopping, say nothing.
-    engine_log = logging.getLogger(paged_attention_kernel.__module__)
+    # that the kernels are unavailable "interrupted by user": the run is stopping, say nothing.
+    engine_log = logging.getLogger(native.__name__)
     quiet = _WhileRunning()
     engine_log.addFilter(quiet)
     try:
-        return paged_attention_kernel() is not None
+        return native.module() is not None
     finally:
         engine_log.removeFilter(quiet)
 
@@ -59,11 +59,10 @@ class _WhileRunning(logging.Filter):
 
 
 def _kernel_wanted(spec: ModelSpec) -> bool:
-    """The engine's condition (engine/loading/loader.py): float32 models on the CPU; an embedding
-    model decodes nothing and never loads it."""
+    """The engine's condition: generation models on the CPU (the sampler's step,
+    engine/sampling/native.py, and for float32 the decode attention); an embedding model
+    decodes nothing and never loads them."""
     if spec.kind == "embed":
-        return False
-    if not spec.native_attention or spec.dtype not in ("auto", "float32"):
         return False
     if spec.device != "auto":
         return spec.device == "cpu"
@@ -75,6 +74,8 @@ def _kernel_wanted(spec: ModelSpec) -> bool:
 def _kernel_built() -> bool:
     from torch.utils.cpp_extension import get_default_build_root
 
+    from batchwright.engine.platform.native import PREFIX
+
     # torch builds under TORCH_EXTENSIONS_DIR, else in a per-Python/device folder of its root.
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or f"{get_default_build_root()}/*"
-    return bool(glob.glob(f"{root}/batchwright_decode_attention_*/*.so"))
+    return bool(glob.glob(f"{root}/{PREFIX}*/*.so"))

@@ -10,8 +10,10 @@ Interface (slots are 0 .. capacity-1; by default logits row i is slot i):
     s.release(slots)              # finished rows: the slot turns greedy and plain
     s.move(src, dst)              # slot dst[i] takes slot src[i]'s state (compaction, swaps)
 
-`shortcut` (default: on CPU only) lets a batch without sampled rows run `greedy_step`,
-and one of plain greedy rows (no bias, penalties or logprobs) `plain_step`.
+`shortcut` (default: on CPU only) runs every batch through one native call (native.py,
+the graph's semantics a row at a time) where the CPU extension builds; without it (or with
+`native=False`) a batch without sampled rows runs `greedy_step`, and one of plain greedy
+rows (no bias, penalties or logprobs) `plain_step`.
 
 Without the shortcut, `step` launches the same tensor ops whatever B and the parameter
 mix (greedy, nucleus, penalties, bias, logprobs): no host synchronisation, no per-row Python, no
@@ -65,6 +67,7 @@ import numpy as np
 import torch
 
 from batchwright.engine.platform.compiled import Compiled
+from batchwright.engine.sampling.native import native_step
 from batchwright.engine.sampling.params import TEMPERATURE_EPSILON, RowParams, StepOut
 from batchwright.engine.sampling.sample_step import (
     _BELOW_ONE,
@@ -91,6 +94,7 @@ class Sampler:
         max_logprobs: int = 20,
         compile: bool = False,
         shortcut: bool | None = None,
+        native: bool | None = None,
     ) -> None:
         if vocab >= 1 << 24:
             raise ValueError("token ids must be exact in float32 (vocab below 2**24)")
@@ -140,6 +144,11 @@ class Sampler:
         # On CPU every op is a pass of its own and costs its elements: batches without a
         # sampled row skip the draw. On accelerators one graph serves every batch.
         self.shortcut = device.type == "cpu" if shortcut is None else shortcut
+        # With the shortcut on CPU, every batch takes the native step (native.py) where the
+        # CPU extension builds; `native=False` keeps the torch graphs.
+        self._native: Callable[..., torch.Tensor] | None = None
+        if self.shortcut and device.type == "cpu" and native is not False and not compile:
+            self._native = native_step()
 
     # --- slot state ----------------------------------------------------------------------
 
@@ -318,6 +327,8 @@ class Sampler:
         ]
 
     def _pick(self, rows: slice | list[int]) -> Callable[..., torch.Tensor]:
+        if self._native is not None and self.shortcut:
+            return self._native
         if not self.shortcut or self._sampled[rows].any():
             return self._core
         return self._plain_core if self._plain[rows].all() else self._greedy_core

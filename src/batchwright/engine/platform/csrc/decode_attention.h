@@ -1,5 +1,7 @@
 // Decode attention reading each row's own tokens only, through the engine's paged KV
 // cache: the variable-length kernel SDPA lacks on CPU. One query token per row; float32.
+#pragma once
+
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -9,9 +11,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
+#include "vec.h"
 
 // Decode attention through a paged cache: the engine's path. One query token per row.
 //
@@ -65,42 +65,9 @@ inline __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m25
                        _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-inline float hsum(__m256 a) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-inline float hmax(__m256 a) {
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_max_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// exp on 8 lanes (Cephes expf: range reduction by ln 2, degree-5 polynomial; about 1 ulp).
-// Below -87.3 (-inf included: padding lanes) it gives 0, where expf would give at most a
-// subnormal: weights are relative to the block's peak, which has weight 1.
-inline __m256 exp8(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.33654f);
-  const __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.37626f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), keep);
-}
+using vec::exp8;
+using vec::hmax;
+using vec::hsum;
 
 // acc[0, 8 NV) += sum over `count` tokens of w[j] * v[j]: NV independent FMA chains with
 // the accumulator in registers, loaded and stored once per call rather than per token.
@@ -646,12 +613,4 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Te
     }
   });
   return out;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention,
-        "decode attention through a paged cache (float32, CPU)", py::arg("q"), py::arg("k"),
-        py::arg("v"), py::arg("table"), py::arg("lens"), py::arg("scale"),
-        py::arg("window") = 0, py::arg("softcap") = 0.0, py::arg("sinks") = py::none(),
-        py::arg("tiles") = true);
 }

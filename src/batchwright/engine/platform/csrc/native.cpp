@@ -1,0 +1,18 @@
+// The engine's CPU kernels, one extension (platform/native.py builds it on first use):
+// decode attention through the paged cache, and the sampling step.
+#include <torch/extension.h>
+
+#include "decode_attention.h"
+#include "sample_rows.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode_attention", &paged_decode_attention,
+        "decode attention through a paged cache (float32, CPU)", py::arg("q"), py::arg("k"),
+        py::arg("v"), py::arg("table"), py::arg("lens"), py::arg("scale"),
+        py::arg("window") = 0, py::arg("softcap") = 0.0, py::arg("sinks") = py::none(),
+        py::arg("tiles") = true);
+  m.def("sample_rows", &sample_rows, "one sampling step, every row (float32, CPU)",
+        py::arg("logits"), py::arg("offset"), py::arg("counts"), py::arg("inv_t"),
+        py::arg("greedy"), py::arg("top_p"), py::arg("presence"), py::arg("frequency"),
+        py::arg("ring"), py::arg("cursor"), py::arg("allow"), py::arg("k_top"));
+}
