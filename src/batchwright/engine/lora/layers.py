@@ -81,6 +81,12 @@ class LoraLinear(nn.Module):
     def bias(self) -> torch.Tensor | None:
         return cast(torch.Tensor | None, self.base.bias)
 
+    @property
+    def per_token(self) -> bool:
+        """Whether this forward reads each token on its own (no adapter row in it), so a
+        caller may split its tokens (loading/packing.py's MLP chunks)."""
+        return self.state.kernel is None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = cast(torch.Tensor, self.base(x))
         kernel = self.state.kernel
