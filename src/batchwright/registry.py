@@ -61,6 +61,10 @@ class ModelSpec(BaseModel):
     # CPU float32: decode attention by the native kernel (built on first use with the
     # machine's C++ compiler; without one the SDPA path runs, same results).
     native_attention: bool = True
+    # CPU float32: linear layers through oneDNN with their weights reordered once at load
+    # (engine/loading/onednn.py: 1.2-1.7x MKL's speed here, the same bits at any row
+    # count), at the cost of a second copy of the linear weights. False: MKL.
+    onednn: bool = True
     # Native attention: a line's result is the same bits whatever shares its steps (a
     # preempted line recomputed, a seeded line in another batch): steps padded to the row
     # multiple the CPU's matrix multiply needs, checked at load, and prompts attended by

@@ -26,6 +26,7 @@ from batchwright.engine.embed import attention
 from batchwright.engine.embed.config import EmbedConfig, read_config
 from batchwright.engine.embed.pooling import MODES
 from batchwright.engine.loading.loader import fingerprint, resolve_device, resolve_dtype
+from batchwright.engine.loading.onednn import use_onednn
 from batchwright.engine.platform.host_memory import tune_malloc
 from batchwright.registry import ModelSpec
 
@@ -110,6 +111,8 @@ def load_embed_model(spec: ModelSpec) -> EmbedModel:
     model, ours = _from_pretrained(path, dtype)
     model.to(device)
     model.eval()
+    if spec.onednn and device.type == "cpu":
+        use_onednn(model)  # CPU float32 linear layers through oneDNN (loading/onednn.py)
     why = _packable(model, ours)
     if why is not None:
         log.warning("%s runs padded batches (%s): slower than packed", spec.name, why)

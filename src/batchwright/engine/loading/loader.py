@@ -21,6 +21,7 @@ from batchwright.engine.attention.native import paged_attention_kernel
 from batchwright.engine.loading.demo import ensure_demo_model
 from batchwright.engine.loading.invariance import rows_multiple
 from batchwright.engine.loading.model_support import Support, check_config, check_loading, probe
+from batchwright.engine.loading.onednn import use_onednn
 from batchwright.engine.loading.packing import pack
 from batchwright.engine.platform.device import use
 from batchwright.engine.platform.host_memory import tune_malloc
@@ -162,6 +163,8 @@ def load_model(spec: ModelSpec, *, reference: bool = False) -> LoadedModel:
             support.reference,
         )
     pack(model)  # q/k/v and gate/up projections: one matmul each (packing.py)
+    if spec.onednn and device.type == "cpu":
+        use_onednn(model)  # CPU float32 linear layers through oneDNN (onednn.py)
     out = model.get_output_embeddings()
     vocab = int(out.weight.shape[0]) if out is not None else int(text_config.vocab_size)
     # The kernel is float32 and CPU only; elsewhere decode attention runs on SDPA.
