@@ -39,6 +39,7 @@ def _holds(layer: torch.nn.Module, multiple: int, gen: torch.Generator) -> bool:
     """Whether a row of `layer`'s product has the same bits at every position of M =
     multiple, 2 x multiple and 3 x multiple rows (and a few more row counts for 1)."""
     weight = layer.weight
+    assert isinstance(weight, torch.Tensor)
     k = weight.shape[1]
     row = torch.randn(k, generator=gen, dtype=weight.dtype)
     want: torch.Tensor | None = None
@@ -67,8 +68,9 @@ def rows_multiple(model: torch.nn.Module) -> int | None:
             layers.setdefault(tuple(w.shape), module)
     get_output = getattr(model, "get_output_embeddings", None)
     out = get_output() if callable(get_output) else None
-    if isinstance(out, torch.nn.Module) and isinstance(getattr(out, "weight", None), torch.Tensor):
-        layers.setdefault(tuple(out.weight.shape), out)
+    out_weight = getattr(out, "weight", None)
+    if isinstance(out, torch.nn.Module) and isinstance(out_weight, torch.Tensor):
+        layers.setdefault(tuple(out_weight.shape), out)
     if not layers:
         return None
     gen = torch.Generator().manual_seed(0)

@@ -59,7 +59,7 @@ def cap_caches() -> None:
 def available() -> bool:
     mkldnn = torch.ops.mkldnn
     return bool(
-        torch.backends.mkldnn.is_available()
+        torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
         and hasattr(mkldnn, "_linear_pointwise")
         and hasattr(mkldnn, "_reorder_linear_weight")
     )
@@ -95,8 +95,9 @@ def use_onednn(model: nn.Module) -> int:
     for module in model.modules():
         if not _eligible(module) or _ATTR in module.__dict__:
             continue
+        weight: torch.Tensor = module.weight  # type: ignore[assignment]
         try:
-            packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), _LAYOUT_ROWS)
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _LAYOUT_ROWS)
         except RuntimeError as exc:  # a shape or build oneDNN refuses: keep MKL
             log.debug("oneDNN linear unavailable for %s: %s", module, exc)
             continue
