@@ -6,8 +6,8 @@
 - import: `import batchwright.cli` in a fresh interpreter (median of --imports), beside the
   bare interpreter's start, and whether openai / sqlalchemy / torch came with it;
 - cold: `batchwright run examples/completions.jsonl` with a BATCHWRIGHT_HOME and a
-  TORCH_EXTENSIONS_DIR of its own, both empty, so it builds the demo model and the attention
-  kernel (the build times are the ones the run prints); the shared ~/.cache ones are never
+  TORCH_EXTENSIONS_DIR of its own, both empty, so it builds the demo model and the CPU
+  kernels (the build times are the ones the run prints); the shared ~/.cache ones are never
   touched;
 - warm: the same command again, --warm times (both built, a fresh run state each time).
 

@@ -138,7 +138,7 @@ def test_cold_run_says_what_it_builds_and_stops_cleanly_in_the_kernel_build(
     frames = [f.strip() for f in re.split(r"[\r\n]+", screen) if f.strip()]
 
     built = next(i for i, f in enumerate(frames) if f.startswith("built the demo model in "))
-    kernel = next(i for i, f in enumerate(frames) if f.startswith("building the attention"))
+    kernel = next(i for i, f in enumerate(frames) if f.startswith("building the CPU kernels"))
     # Once the model is built the line says so at once: no frame still "building" it, and
     # loading counts again from zero.
     between = frames[built + 1 : kernel]
