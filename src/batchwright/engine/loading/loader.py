@@ -19,6 +19,7 @@ from batchwright.engine.attention import backends
 from batchwright.engine.attention import interface as attention
 from batchwright.engine.attention.native import paged_attention_kernel
 from batchwright.engine.loading.demo import ensure_demo_model
+from batchwright.engine.loading.fused import use_fused
 from batchwright.engine.loading.invariance import rows_multiple
 from batchwright.engine.loading.model_support import Support, check_config, check_loading, probe
 from batchwright.engine.loading.onednn import use_onednn
@@ -163,8 +164,11 @@ def load_model(spec: ModelSpec, *, reference: bool = False) -> LoadedModel:
             support.reference,
         )
     pack(model)  # q/k/v and gate/up projections: one matmul each (packing.py)
-    if spec.onednn and device.type == "cpu":
-        use_onednn(model)  # CPU float32 linear layers through oneDNN (onednn.py)
+    if device.type == "cpu":
+        if spec.onednn:
+            use_onednn(model)  # float32 linear layers through oneDNN (onednn.py)
+        if not spec.torch_compile:  # compiled, inductor fuses them (fused.py)
+            use_fused(model)  # RMSNorm and rotary in one native pass each (fused.py)
     out = model.get_output_embeddings()
     vocab = int(out.weight.shape[0]) if out is not None else int(text_config.vocab_size)
     # The kernel is float32 and CPU only; elsewhere decode attention runs on SDPA.

@@ -1,5 +1,5 @@
 """The engine's CPU kernels (csrc/: decode attention through the paged cache, the sampling
-step), one extension compiled on first use.
+step, RMSNorm and rotary), one extension compiled on first use.
 
 It is compiled with the machine's C++ compiler through `torch.utils.cpp_extension` (cached
 under TORCH_EXTENSIONS_DIR, about 30 s the first time) for the best instruction set this
@@ -43,7 +43,9 @@ def _flags(isa: str | None = None) -> tuple[str, list[str]]:
     if isa is None:
         capability = torch.backends.cpu.get_cpu_capability().lower()
         isa = capability if capability in _BUILDS else "base"
-    return isa, ["-O3", "-fopenmp", *_BUILDS[isa]]
+    # No contracting a * b + c into an FMA: the elementwise kernels round as ATen does (the
+    # loops that want FMAs write them).
+    return isa, ["-O3", "-fopenmp", "-ffp-contract=off", *_BUILDS[isa]]
 
 
 @lru_cache(maxsize=1)

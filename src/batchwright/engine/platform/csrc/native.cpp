@@ -1,8 +1,9 @@
 // The engine's CPU kernels, one extension (platform/native.py builds it on first use):
-// decode attention through the paged cache, and the sampling step.
+// decode attention through the paged cache, the sampling step, RMSNorm and rotary.
 #include <torch/extension.h>
 
 #include "decode_attention.h"
+#include "elementwise.h"
 #include "sample_rows.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -15,4 +16,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("logits"), py::arg("offset"), py::arg("counts"), py::arg("inv_t"),
         py::arg("greedy"), py::arg("top_p"), py::arg("presence"), py::arg("frequency"),
         py::arg("ring"), py::arg("cursor"), py::arg("allow"), py::arg("k_top"));
+  m.def("rms_norm", &rms_norm, "transformers' RMSNorm in one pass (float32, CPU)",
+        py::arg("x"), py::arg("weight"), py::arg("eps"));
+  m.def("rotary_embed", &rotary_embed, "apply_rotary_pos_emb in one pass (float32, CPU)",
+        py::arg("q"), py::arg("k"), py::arg("cos"), py::arg("sin"));
 }
