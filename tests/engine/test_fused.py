@@ -30,7 +30,8 @@ def test_the_engine_model_runs_the_native_passes_with_transformers_results(tmp_p
     want = model(input_ids=ids, use_cache=False).logits
     norms, rotaries = fused.use_fused(model)
     assert norms == 2 * model.config.num_hidden_layers + 1
-    assert rotaries == 1 and getattr(llama.apply_rotary_pos_emb, "batchwright_fused", False)
+    # (The module's rotary is replaced once per process: an earlier engine may have done it.)
+    assert rotaries <= 1 and getattr(llama.apply_rotary_pos_emb, "batchwright_fused", False)
     got = model(input_ids=ids, use_cache=False).logits
     # The rotary is exact; the RMSNorm's sum of squares rounds otherwise (2e-5 here, on
     # logits of a random model up to 5).
