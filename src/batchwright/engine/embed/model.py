@@ -33,7 +33,7 @@ from batchwright.registry import ModelSpec
 log = logging.getLogger(__name__)
 
 # Bump when a change here can change the vectors of the same weights and inputs.
-EMBED_ENGINE_VERSION = "1"
+EMBED_ENGINE_VERSION = "2"
 
 
 @dataclass
@@ -111,8 +111,7 @@ def load_embed_model(spec: ModelSpec) -> EmbedModel:
     model, ours = _from_pretrained(path, dtype)
     model.to(device)
     model.eval()
-    if spec.onednn and device.type == "cpu":
-        use_onednn(model)  # CPU float32 linear layers through oneDNN (loading/onednn.py)
+    onednn = bool(spec.onednn and device.type == "cpu" and use_onednn(model))
     why = _packable(model, ours)
     if why is not None:
         log.warning("%s runs padded batches (%s): slower than packed", spec.name, why)
@@ -136,6 +135,7 @@ def load_embed_model(spec: ModelSpec) -> EmbedModel:
         "normalize": config.normalize,
         "prompt": hashlib.sha256(config.prompt.encode()).hexdigest()[:16],
         "packed": why is None,
+        "onednn": onednn,  # the linear layers' last bits differ from MKL's
         "context_length": context,
         "torch": ".".join(torch.__version__.split(".")[:2]),
         "transformers": ".".join(transformers.__version__.split(".")[:2]),

@@ -31,7 +31,7 @@ from batchwright.registry import DEMO_MODEL, ModelSpec
 log = logging.getLogger(__name__)
 
 # Bump when a change in the engine can change outputs for the same weights and parameters.
-ENGINE_VERSION = "6"
+ENGINE_VERSION = "7"
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _FULL_HASH_LIMIT = 64 * 1024 * 1024
@@ -164,9 +164,10 @@ def load_model(spec: ModelSpec, *, reference: bool = False) -> LoadedModel:
             support.reference,
         )
     pack(model)  # q/k/v and gate/up projections: one matmul each (packing.py)
+    onednn = 0
     if device.type == "cpu":
         if spec.onednn:
-            use_onednn(model)  # float32 linear layers through oneDNN (onednn.py)
+            onednn = use_onednn(model)  # float32 linear layers through oneDNN (onednn.py)
         if not spec.torch_compile:  # compiled, inductor fuses them (fused.py)
             use_fused(model)  # RMSNorm and rotary in one native pass each (fused.py)
     out = model.get_output_embeddings()
@@ -192,6 +193,7 @@ def load_model(spec: ModelSpec, *, reference: bool = False) -> LoadedModel:
         "context_length": context,
         "varlen": varlen,
         "native_attention": native,
+        "onednn": onednn > 0,  # the linear layers' last bits differ from MKL's
         "backend": backend,
         "invariant_rows": invariant,
         "reference_path": support.reference is not None,
