@@ -52,25 +52,29 @@ def test_embeddings_file_runs_and_resumes(bw_home: Path, encoder: Path, tmp_path
     env["BATCHWRIGHT_MODELS"] = json.dumps(
         {"models": {"enc": {"path": str(encoder), "max_batch_tokens": 256}}}
     )
-    text = _lines(150)
+    # More lines than the run can hold finished but unwritten (result_queue_size, 256,
+    # twice over: one write of that many, as many more waiting) plus a forward's and a
+    # claim's worth, so an interrupt leaves lines to do however fast the engine.
+    n = 800
+    text = _lines(n)
     reference, src = tmp_path / "reference.jsonl", tmp_path / "big.jsonl"
     reference.write_text(text)
     src.write_text(text)
     done = _run(reference, env)
     assert done.returncode == 0, done.stderr
     ref = _output(tmp_path / "reference.output.jsonl")
-    assert [o["custom_id"] for o in ref] == [f"e{i}" for i in range(150)]
+    assert [o["custom_id"] for o in ref] == [f"e{i}" for i in range(n)]
     usage = sum(o["response"]["body"]["usage"]["prompt_tokens"] for o in ref)  # type: ignore[index]
     assert f"{usage} input + 0 output" in done.stdout
 
     code, err = _interrupt(src, env, at_least=16, sig=signal.SIGINT)
     assert code == 130, err
     saved = _saved_completions(RunState(bw_home, src).database)
-    assert 16 <= len(saved) < 150
+    assert 16 <= len(saved) < n
     again = _run(src, env)
     assert again.returncode == 0, again.stderr
-    assert f"continuing: {len(saved)} of 150 lines already done" in again.stderr
+    assert f"continuing: {len(saved)} of {n} lines already done" in again.stderr
     out = _output(tmp_path / "big.output.jsonl")
-    assert [o["custom_id"] for o in out] == [f"e{i}" for i in range(150)]
+    assert [o["custom_id"] for o in out] == [f"e{i}" for i in range(n)]
     # Packed with other inputs in the two runs: equal to rounding.
     close(_vectors(out), _vectors(ref))

@@ -84,3 +84,31 @@ def test_onednn_layers_give_a_row_the_same_bits_at_any_row_count() -> None:
         out = layer(x)
         assert torch.equal(out[m // 2], want)
         assert torch.allclose(out, reference(x), atol=1e-4)
+
+
+@torch.no_grad()
+def test_an_encoders_blocks_through_onednn_give_the_eager_results() -> None:
+    if not onednn.available():
+        pytest.skip("torch built without oneDNN")
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(
+        vocab_size=300,
+        hidden_size=384,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        intermediate_size=1536,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    model = BertModel(config).eval()
+    ids = torch.randint(0, 300, (2, 29))
+    want = model(input_ids=ids).last_hidden_state
+    onednn.use_onednn(model)
+    layer = model.encoder.layer[0]
+    # The intermediate's GELU and both output blocks' residual sums run in the products.
+    for block in (layer.intermediate, layer.attention.output, layer.output):
+        assert "forward" in block.__dict__
+    got = model(input_ids=ids).last_hidden_state
+    # oneDNN's erf rounds otherwise (~1e-6 relative); the residual sums are the same bits.
+    assert torch.allclose(got, want, atol=1e-5)

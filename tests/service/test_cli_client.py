@@ -185,6 +185,9 @@ def test_ctrl_c_of_submit_wait_says_the_batch_goes_on(cli: CLI, tmp_path: Path) 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As from a terminal: a test run started in the background (`.ci/run &`) passes
+        # SIGINT on ignored, and Python then never raises KeyboardInterrupt.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stderr is not None
     watching = proc.stderr.readline()  # the first line it prints, once the batch exists
