@@ -18,7 +18,7 @@ The runner and its device state live as long as the loaded model, across runs.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -33,8 +33,8 @@ from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.engine.runner.forward import Forward
 from batchwright.engine.runner.model_runner import ModelRunner
 from batchwright.engine.sampling.grammar import Grammars
-from batchwright.engine.scheduling.intake import Item
-from batchwright.engine.scheduling.scheduler import Limits, Scheduler
+from batchwright.engine.scheduling.intake import Item, Scoring
+from batchwright.engine.scheduling.scheduler import Limits, Plan, Scheduler
 from batchwright.engine.text.text import GrowingText, Text
 from batchwright.registry import ModelSpec
 
@@ -163,7 +163,6 @@ class Engine:
             out,
             limits=limits,
             start=self.start,
-            score=self.forward.score_prompt,
         )
         runner.begin(out)
         try:
@@ -171,7 +170,7 @@ class Engine:
                 if cancelled is not None and (keys := cancelled()):
                     sched.drop(keys)
                     runner.cancel(keys)
-                plan = yield from sched.plan()
+                plan = yield from _planned(sched.plan(), runner)
                 if plan.compact:
                     # Rows move only when no step's tokens are still to be recorded: the
                     # host waits for the step in flight only when rows will move.
@@ -202,3 +201,29 @@ class Engine:
         """The step's deltas of streamed requests go out before its results."""
         out.emit(runner.lane_rows)
         return out.results()
+
+
+def _planned(
+    plan: Generator[GenResult | Scoring, None, Plan], runner: ModelRunner
+) -> Generator[GenResult, None, Plan]:
+    """The scheduler's plan, its results passed on. The echo scores it asks for are the
+    runner's to compute, at once: the plan resumes with them in place, or with what
+    failed thrown back in (that request's 500, intake.py), as if it had scored itself."""
+    try:
+        failed: Exception | None = None
+        while True:
+            try:
+                item = next(plan) if failed is None else plan.throw(failed)
+            except StopIteration as stop:
+                done: Plan = stop.value
+                return done
+            failed = None
+            if not isinstance(item, Scoring):
+                yield item
+                continue
+            try:
+                runner.score(item.job)
+            except Exception as exc:
+                failed = exc
+    finally:
+        plan.close()  # the run stopped early: as `yield from` would have closed it
