@@ -243,13 +243,7 @@ class Intake:
         a 400 for it, and its other waiting candidates go too."""
         job = self.pending[0].job
         self.drop({job.key})
-        return bad_request(
-            job.key,
-            f"This request needs more KV-cache memory than the model's worker has "
-            f"({tokens} tokens); reduce n, best_of or max_tokens.",
-            "max_tokens",
-            "context_length_exceeded",
-        )
+        return too_big(job.key, tokens)
 
     def _read(self, *, wait: bool) -> Generator[GenResult | Scoring, None, bool]:
         """Read requests into `pending` up to the window, longest generation first: from
@@ -316,6 +310,18 @@ def _failed(unit: Unit) -> bool:
 
 def _futures(unit: Unit) -> tuple[Any, Any]:
     return unit.job.grammar, unit.job.lora
+
+
+def too_big(key: Any, tokens: int) -> GenResult:
+    """The 400 of a request one of whose candidates needs more KV blocks than the whole
+    cache (`tokens` tokens) has: a batch line here, an online request in lane.py."""
+    return bad_request(
+        key,
+        f"This request needs more KV-cache memory than the model's worker has "
+        f"({tokens} tokens); reduce n, best_of or max_tokens.",
+        "max_tokens",
+        "context_length_exceeded",
+    )
 
 
 def adapter_refusal(job: Job) -> GenResult | None:

@@ -34,6 +34,7 @@ from batchwright.engine.scheduling.intake import (
     Start,
     adapter_error,
     adapter_refusal,
+    too_big,
 )
 from batchwright.engine.scheduling.rows import Rows
 
@@ -231,15 +232,8 @@ class Lane:
         return kv.cost(_first(unit)) > kv.usable
 
     def _reject(self, unit: Unit) -> GenResult:
-        tokens = self.rows.kv.capacity_tokens
         self.drop({unit.job.key})
-        return bad_request(
-            unit.job.key,
-            f"This request needs more KV-cache memory than the model's worker has "
-            f"({tokens} tokens); reduce n, best_of or max_tokens.",
-            "max_tokens",
-            "context_length_exceeded",
-        )
+        return too_big(unit.job.key, self.rows.kv.capacity_tokens)
 
     def drop(self, keys: Set[Any]) -> None:
         """Requests cancelled: their waiting units and streams go (rows: the runner)."""
