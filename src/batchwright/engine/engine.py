@@ -72,9 +72,7 @@ class Engine:
         )
         self._runner: ModelRunner | None = None
         self._running = False  # a run holds the runner
-        self.start = functools.partial(
-            start, decode=self.text.decode, eos_ids=lm.eos_ids, context=lm.context_length
-        )
+        self.start = functools.partial(start, decode=self.text.decode, eos_ids=lm.eos_ids)
 
     @classmethod
     def load(cls, spec: ModelSpec) -> Engine:

@@ -68,7 +68,11 @@ class ModelRunner:
             new_cache(lm, spec, max_rows), max_rows, fixed=device.type == "cuda" or captured
         )
         self.cache = self.slots.cache
-        self.kv = KVManager(self.cache, prefix.enabled(spec, lm.varlen, self.cache))
+        self.kv = KVManager(
+            self.cache,
+            prefix.enabled(spec, lm.varlen, self.cache),
+            context_length=lm.context_length,
+        )
         # Sampler slots 0..max_rows-1 are the batch slots; the rest take the candidates
         # being admitted until their first token is drawn. A captured step runs the one
         # fixed sampling graph; on CUDA it is compiled, graphs or not (compiled.py).
