@@ -1,9 +1,10 @@
 """The engine: a model loaded once (`Engine.load(spec)`), and runs over it (`engine.run`).
 
-Lines are prepared off the engine's thread (`engine.prepare`: parsed, validated against
-the model, tokenized, requests/prepare.py); `run` takes the prepared requests and hands
-out a result per request, the finished job in it (the wire object is built outside the
-engine: batchwright/serving). A step is the work of three parts:
+`run` takes validated requests (prompt ids and sampling parameters: EngineRequest) and
+hands out a result per request, the finished job in it. Wire lines are parsed, validated
+against the model and tokenized outside the engine, off its thread (batchwright/serving's
+preparer), which also builds the wire object of each result. A step is the work of three
+parts:
 
 - the scheduler (scheduling/) decides what runs: online requests first, batch lines into
   the rows and KV blocks left, preempting batch rows for online ones; it returns a plan;
@@ -28,8 +29,7 @@ from batchwright.engine.platform.host_memory import freeze_heap
 from batchwright.engine.requests.feed import LaneFeed
 from batchwright.engine.requests.jobs import start
 from batchwright.engine.requests.observer import Observer
-from batchwright.engine.requests.prepare import Prepared, PreparedFeed, Preparer
-from batchwright.engine.requests.types import GenRequest, GenResult
+from batchwright.engine.requests.types import GenResult
 from batchwright.engine.runner.forward import Forward
 from batchwright.engine.runner.model_runner import ModelRunner
 from batchwright.engine.sampling.grammar import Grammars
@@ -59,17 +59,6 @@ class Engine:
         self.forward = Forward(lm, spec, self.observers)
         # LoRA adapters in this model's forward (engine/lora/), None with max_loras 0.
         self.lora = self.forward.lora
-        self.prepare = Preparer(
-            tokenizer=lm.tokenizer,
-            chat_template=lm.chat_template,
-            model=spec.name,
-            decode=self.text.decode,
-            vocab_size=lm.vocab_size,
-            context_length=lm.context_length,
-            eos_ids=lm.eos_ids,
-            grammar=self.grammars.request,
-            adapter=self.lora.store.request if self.lora is not None else None,
-        )
         self._runner: ModelRunner | None = None
         self._running = False  # a run holds the runner
         self.start = functools.partial(start, decode=self.text.decode, eos_ids=lm.eos_ids)
@@ -121,19 +110,17 @@ class Engine:
 
     def run(
         self,
-        requests: Iterable[Item | GenRequest],
+        requests: Iterable[Item],
         cancelled: Cancelled | None = None,
-        online: LaneFeed | Any | None = None,
+        online: LaneFeed | None = None,
     ) -> Iterator[GenResult]:
-        """Results as requests complete. `requests` yields prepared requests (and the
-        results of lines the preparer refused, passed on in their place; a wire line is
-        prepared as it is read, on this thread); `cancelled`, called at most once per step,
-        returns request keys to drop at once (running or waiting): no result comes for
-        them. `online`: the lane's feed (requests/feed.py's LaneFeed), online requests
-        admitted ahead of `requests`, streamed (scheduling/lane.py)."""
-        source = Prepared(requests, self.prepare)
-        feed = None if online is None else PreparedFeed(online, self.prepare)
-        results = self._run(source, cancelled, feed)
+        """Results as requests complete. `requests` yields validated requests (and the
+        results of lines the preparer refused, passed on in their place, and WAKE);
+        `cancelled`, called at most once per step, returns request keys to drop at once
+        (running or waiting): no result comes for them. `online`: the lane's feed
+        (requests/feed.py's LaneFeed), online requests admitted ahead of `requests`,
+        streamed (scheduling/lane.py)."""
+        results = self._run(requests, cancelled, online)
         if not self.observers:
             return results
         return self._observed(results)
