@@ -38,6 +38,7 @@ from bench.engine_bench import build_cpu_model
 from batchwright.engine.engine import Engine
 from batchwright.engine.requests.types import GenRequest
 from batchwright.registry import ModelSpec
+from batchwright.serving.lines import prepared
 
 ADAPTERS = 8
 RANK = 16
@@ -86,9 +87,10 @@ def leg(engine: Engine, lines: list[dict[str, Any]], names: list[str | None]) ->
         GenRequest(i, {**body, "model": name or "bench"}, adapter=name)
         for i, (body, name) in enumerate(zip(lines, names, strict=True))
     ]
+    lines_in = prepared(engine, reqs)  # each line prepared as the engine reads it
     start = time.process_time()
     tokens = 0
-    for r in engine.run(reqs):
+    for r in engine.run(lines_in):
         assert r.status_code == 200, r.error
         tokens += r.completion_tokens
     return time.process_time() - start, tokens

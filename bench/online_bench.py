@@ -280,13 +280,14 @@ def engine_alone(home: Path, max_rows: int, bodies: list[dict[str, Any]]) -> tup
     from batchwright.engine.engine import Engine
     from batchwright.engine.requests.types import GenRequest
     from batchwright.registry import ModelSpec
+    from batchwright.serving.lines import prepared
 
     engine = Engine.load(ModelSpec(name="demo", path=home / "models" / "demo", max_rows=max_rows))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
     requests = [GenRequest(i, b) for i, b in enumerate(bodies)]
-    list(engine.run(requests[:2]))  # warm-up (first-call costs)
+    list(engine.run(prepared(engine, requests[:2])))  # warm-up (first-call costs)
     start = time.perf_counter()
-    tokens = sum(r.completion_tokens for r in engine.run(requests))
+    tokens = sum(r.completion_tokens for r in engine.run(prepared(engine, requests)))
     return tokens, time.perf_counter() - start
 
 

@@ -87,7 +87,7 @@ def main() -> None:
     from batchwright.engine.engine import Engine
     from batchwright.engine.requests.types import GenRequest
     from batchwright.registry import ModelSpec, Registry
-    from batchwright.serving.lines import serve
+    from batchwright.serving.lines import prepared, serve
     from batchwright.worker.generation import engine_host, runner
     from batchwright.worker.lease_child.claims import Lease
     from batchwright.worker.lease_child.results import write_results
@@ -98,14 +98,16 @@ def main() -> None:
     engine: Any = PythonBound(args.python_bound) if args.python_bound else Engine.load(spec)
     threads = torch.get_num_threads()  # torch's default: the engine alone runs with it
     lines = demo_lines(args.lines, max_tokens=args.max_tokens)
-    list(engine.run(GenRequest(key=i, body=x["body"]) for i, x in enumerate(lines[:64])))
+    warm = (GenRequest(key=i, body=x["body"]) for i, x in enumerate(lines[:64]))
+    list(engine.run(prepared(engine, warm)))
 
     cpu: dict[str, float] = {}
 
     def alone(leg: str, n_threads: int) -> float:
         torch.set_num_threads(n_threads)
         start, cpu0 = time.perf_counter(), time.process_time()
-        results = list(engine.run(GenRequest(key=i, body=x["body"]) for i, x in enumerate(lines)))
+        reqs = prepared(engine, (GenRequest(key=i, body=x["body"]) for i, x in enumerate(lines)))
+        results = list(engine.run(reqs))
         assert len(results) == len(lines)
         cpu[leg] = min(cpu.get(leg, 1e9), time.process_time() - cpu0)
         torch.set_num_threads(threads)

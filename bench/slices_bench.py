@@ -35,6 +35,7 @@ from batchwright.engine.engine import Engine
 from batchwright.engine.requests.observer import Observer
 from batchwright.engine.requests.types import GenRequest
 from batchwright.registry import ModelSpec
+from batchwright.serving.lines import prepared
 
 
 class Steps(Observer):
@@ -71,10 +72,11 @@ def run_slice(
     prompt tokens the first step prefilled); `rebuild`: the device state built afresh
     first, inside the time, as every run did before."""
     steps.ends.clear()
+    source = prepared(engine, lines)  # each line prepared as the engine reads it
     start = time.process_time()
     if rebuild:
         engine.new_runner()
-    for result in engine.run(lines):
+    for result in engine.run(source):
         assert result.status_code == 200, result.error
     (first, prefilled), rest = steps.ends[0], steps.ends[1:]
     decode = [b - a for (a, _), (b, p) in zip(steps.ends, rest, strict=False) if p == 0]

@@ -51,6 +51,7 @@ from batchwright.engine.requests.types import GenRequest
 from batchwright.engine.runner import graphs, model_runner
 from batchwright.engine.sampling.sampler import Sampler
 from batchwright.registry import ModelSpec
+from batchwright.serving.lines import prepared
 
 
 def build_model(path: Path, hidden: int, vocab: int) -> Path:
@@ -260,7 +261,8 @@ def profile_step(
             if not cuda:
                 stack.enter_context(counting_compiled(_ACTIVE))
                 stack.enter_context(_replays_counted())
-            for _ in engine.run([GenRequest(i, b) for i, b in enumerate(reqs)]):
+            lines = prepared(engine, [GenRequest(i, b) for i, b in enumerate(reqs)])
+            for _ in engine.run(lines):
                 pass
     except _Profiled:
         pass

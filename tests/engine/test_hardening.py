@@ -10,9 +10,9 @@ import threading
 from typing import Any
 
 from batchwright.engine.engine import Engine
-from batchwright.engine.requests.chat import prepare_chat
 from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.engine.text.stop import StopChecker
+from batchwright.serving.chat_prompt import prepare_chat
 from batchwright.serving.lines import serve
 from tests.engine.test_lane import Feed
 

@@ -13,6 +13,7 @@ import pytest
 from batchwright.engine.engine import Engine
 from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.serving.lines import serve
+from batchwright.serving.prepare import preparer
 
 EOS_BAN = {"0": -100}  # the demo tokenizer's <|endoftext|> is id 0
 
@@ -339,7 +340,7 @@ def test_half_a_character_waits_for_the_rest(make_engine: Callable[..., Engine])
         return [int(tok.convert_tokens_to_ids(to_char[b])) for b in text.encode()]
 
     req = GenRequest("k", _body(0, max_tokens=20, logprobs=1, stop=["été!"]))
-    request = engine.prepare(req)
+    request = preparer(engine)(req)
     assert not isinstance(request, GenResult)
     job = engine.start(request)
     seq = job.seqs[0]

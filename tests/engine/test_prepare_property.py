@@ -1,5 +1,5 @@
 """Request preparation never raises: any JSON value in any body field ends as a job or a
-400 that names a parameter, through validation and the engine's own preparation."""
+400 that names a parameter, through validation and the model's preparer (serving/prepare.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from batchwright.engine.requests.request import EngineRequest
 from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.protocol.completions import KNOWN_PARAMS, check_completion_body
 from batchwright.registry import Registry
+from batchwright.serving.prepare import preparer
 
 _scalars = (
     st.none()
@@ -91,7 +92,7 @@ def test_any_json_body_is_a_job_or_a_400(engine: Engine, changes: dict[str, Any]
         # Its enqueued tokens, summed over a batch of the most lines, fit the quota's bigint.
         assert req is not None
         assert COUNTER.line(req) * Settings().max_batch_lines < 2**63, body
-    out = engine.prepare(GenRequest(key=7, body=body))
+    out = preparer(engine)(GenRequest(key=7, body=body))
     if isinstance(out, GenResult):
         assert out.status_code == 400 and out.error is not None, out
         assert out.key == 7
@@ -104,7 +105,7 @@ def test_any_json_body_is_a_job_or_a_400(engine: Engine, changes: dict[str, Any]
 def test_unicode_digit_logit_bias_is_a_400_naming_it(engine: Engine) -> None:
     for key in ("²", "¹", "①"):
         body = {"model": "test", "prompt": "Hi", "logit_bias": {key: 1, "3": 1}}
-        out = engine.prepare(GenRequest(key=1, body=body))
+        out = preparer(engine)(GenRequest(key=1, body=body))
         assert isinstance(out, GenResult) and out.status_code == 400, out
         assert out.error is not None and out.error["param"] == "logit_bias", out.error
 

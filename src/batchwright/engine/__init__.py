@@ -2,10 +2,11 @@
 do not): never from the API process.
 
 Entry point: `batchwright.engine.engine.Engine`: `Engine.load(spec)` once per model,
-`engine.prepare(line)` (off the engine's thread) and `engine.run(requests)`; the wire
-objects of its results are built by `batchwright.serving`. Layers (engine > scheduling |
-runner | output > loading > attention > kv > requests > sampling | text > platform) are
-checked by import-linter. Semantics and batching design: docs/engine.md.
+`engine.run(requests)` over validated requests; wire lines are prepared for it (off its
+thread) and the wire objects of its results built by `batchwright.serving`. Layers
+(engine | embed > scheduling | runner | output > lora > loading > attention > kv >
+requests > sampling | text > platform) are checked by import-linter. Semantics and
+batching design: docs/engine.md.
 """
 
 from batchwright.engine.platform import lazy_imports

@@ -1,9 +1,10 @@
 """The engine: a model loaded once (`Engine.load(spec)`), and runs over it (`engine.run`).
 
-Lines are prepared off the engine's thread (`engine.prepare`: parsed, validated against
-the model, tokenized, requests/prepare.py); `run` takes the prepared requests and hands
-out a result per request, the finished job in it (the wire object is built outside the
-engine: batchwright/serving). A step is the work of three parts:
+`run` takes validated requests (prompt ids and sampling parameters: EngineRequest) and
+hands out a result per request, the finished job in it. Wire lines are parsed, validated
+against the model and tokenized outside the engine, off its thread (batchwright/serving's
+preparer), which also builds the wire object of each result. A step is the work of three
+parts:
 
 - the scheduler (scheduling/) decides what runs: online requests first, batch lines into
   the rows and KV blocks left, preempting batch rows for online ones; it returns a plan;
@@ -18,7 +19,7 @@ The runner and its device state live as long as the loaded model, across runs.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -28,13 +29,12 @@ from batchwright.engine.platform.host_memory import freeze_heap
 from batchwright.engine.requests.feed import LaneFeed
 from batchwright.engine.requests.jobs import start
 from batchwright.engine.requests.observer import Observer
-from batchwright.engine.requests.prepare import Prepared, PreparedFeed, Preparer
-from batchwright.engine.requests.types import GenRequest, GenResult
+from batchwright.engine.requests.types import GenResult
 from batchwright.engine.runner.forward import Forward
 from batchwright.engine.runner.model_runner import ModelRunner
 from batchwright.engine.sampling.grammar import Grammars
-from batchwright.engine.scheduling.intake import Item
-from batchwright.engine.scheduling.scheduler import Limits, Scheduler
+from batchwright.engine.scheduling.intake import Item, Scoring
+from batchwright.engine.scheduling.scheduler import Limits, Plan, Scheduler
 from batchwright.engine.text.text import GrowingText, Text
 from batchwright.registry import ModelSpec
 
@@ -59,22 +59,9 @@ class Engine:
         self.forward = Forward(lm, spec, self.observers)
         # LoRA adapters in this model's forward (engine/lora/), None with max_loras 0.
         self.lora = self.forward.lora
-        self.prepare = Preparer(
-            tokenizer=lm.tokenizer,
-            chat_template=lm.chat_template,
-            model=spec.name,
-            decode=self.text.decode,
-            vocab_size=lm.vocab_size,
-            context_length=lm.context_length,
-            eos_ids=lm.eos_ids,
-            grammar=self.grammars.request,
-            adapter=self.lora.store.request if self.lora is not None else None,
-        )
         self._runner: ModelRunner | None = None
         self._running = False  # a run holds the runner
-        self.start = functools.partial(
-            start, decode=self.text.decode, eos_ids=lm.eos_ids, context=lm.context_length
-        )
+        self.start = functools.partial(start, decode=self.text.decode, eos_ids=lm.eos_ids)
 
     @classmethod
     def load(cls, spec: ModelSpec) -> Engine:
@@ -123,19 +110,17 @@ class Engine:
 
     def run(
         self,
-        requests: Iterable[Item | GenRequest],
+        requests: Iterable[Item],
         cancelled: Cancelled | None = None,
-        online: LaneFeed | Any | None = None,
+        online: LaneFeed | None = None,
     ) -> Iterator[GenResult]:
-        """Results as requests complete. `requests` yields prepared requests (and the
-        results of lines the preparer refused, passed on in their place; a wire line is
-        prepared as it is read, on this thread); `cancelled`, called at most once per step,
-        returns request keys to drop at once (running or waiting): no result comes for
-        them. `online`: the lane's feed (requests/feed.py's LaneFeed), online requests
-        admitted ahead of `requests`, streamed (scheduling/lane.py)."""
-        source = Prepared(requests, self.prepare)
-        feed = None if online is None else PreparedFeed(online, self.prepare)
-        results = self._run(source, cancelled, feed)
+        """Results as requests complete. `requests` yields validated requests (and the
+        results of lines the preparer refused, passed on in their place, and WAKE);
+        `cancelled`, called at most once per step, returns request keys to drop at once
+        (running or waiting): no result comes for them. `online`: the lane's feed
+        (requests/feed.py's LaneFeed), online requests admitted ahead of `requests`,
+        streamed (scheduling/lane.py)."""
+        results = self._run(requests, cancelled, online)
         if not self.observers:
             return results
         return self._observed(results)
@@ -163,7 +148,6 @@ class Engine:
             out,
             limits=limits,
             start=self.start,
-            score=self.forward.score_prompt,
         )
         runner.begin(out)
         try:
@@ -171,7 +155,7 @@ class Engine:
                 if cancelled is not None and (keys := cancelled()):
                     sched.drop(keys)
                     runner.cancel(keys)
-                plan = yield from sched.plan()
+                plan = yield from _planned(sched.plan(), runner)
                 if plan.compact:
                     # Rows move only when no step's tokens are still to be recorded: the
                     # host waits for the step in flight only when rows will move.
@@ -202,3 +186,29 @@ class Engine:
         """The step's deltas of streamed requests go out before its results."""
         out.emit(runner.lane_rows)
         return out.results()
+
+
+def _planned(
+    plan: Generator[GenResult | Scoring, None, Plan], runner: ModelRunner
+) -> Generator[GenResult, None, Plan]:
+    """The scheduler's plan, its results passed on. The echo scores it asks for are the
+    runner's to compute, at once: the plan resumes with them in place, or with what
+    failed thrown back in (that request's 500, intake.py), as if it had scored itself."""
+    try:
+        failed: Exception | None = None
+        while True:
+            try:
+                item = next(plan) if failed is None else plan.throw(failed)
+            except StopIteration as stop:
+                done: Plan = stop.value
+                return done
+            failed = None
+            if not isinstance(item, Scoring):
+                yield item
+                continue
+            try:
+                runner.score(item.job)
+            except Exception as exc:
+                failed = exc
+    finally:
+        plan.close()  # the run stopped early: as `yield from` would have closed it

@@ -1,7 +1,7 @@
 """The /v1/chat/completions request and response models. Torch-free: the API validates with it.
 
 A chat line is a completion of the prompt its model's chat template renders from
-`messages` (engine/requests/chat.py); `check_chat_body` turns a body into a `ChatCompletionRequest`
+`messages` (serving/chat_prompt.py); `check_chat_body` turns a body into a `ChatCompletionRequest`
 or an OpenAI error object naming the parameter, as `check_completion_body` does.
 """
 

@@ -24,11 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from batchwright.engine.attention import backends, prefix_attention, variants
+from batchwright.engine.attention import backends, prefix_attention, registration, variants
 from batchwright.engine.kv.paged import PagedCache
 
 NAME = "batchwright"
@@ -210,14 +208,5 @@ def attention(
     return result, None
 
 
-def _mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
-    # Under a plan the attention needs no mask of transformers'.
-    if _PLAN.get() is not None:
-        return None
-    mask: torch.Tensor | None = sdpa_mask(*args, **kwargs)
-    return mask
-
-
 def register() -> None:
-    AttentionInterface.register(NAME, attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, _mask)
+    registration.register(NAME, attention, _PLAN)

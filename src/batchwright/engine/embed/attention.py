@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+from batchwright.engine.attention import registration
 
 NAME = "batchwright_embed"
 # Per-layer variants this attention lacks: such a model runs padded (model.py).
@@ -108,14 +108,5 @@ def attention(
     return result[None], None
 
 
-def _mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
-    # Under a plan the attention needs no mask of transformers'.
-    if _PLAN.get() is not None:
-        return None
-    mask: torch.Tensor | None = sdpa_mask(*args, **kwargs)
-    return mask
-
-
 def register() -> None:
-    AttentionInterface.register(NAME, attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, _mask)
+    registration.register(NAME, attention, _PLAN)

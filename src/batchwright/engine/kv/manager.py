@@ -3,8 +3,9 @@
 One per loaded model (it lives as long as the pools: a prefix cached in one run is found in
 the next). It owns the paged cache, its allocator (with the prefix index when prefix reuse
 is on), the cost of admitting a prompt in blocks, the placement of admitted prompts, and
-the blocks reserved for what a candidate may generate (`Job.max_new`, the one bound,
-at which the candidate also ends).
+the most tokens a candidate may generate (`max_new`, the one bound): admission costs and
+placement reserve blocks for it, and placement gives it to each candidate, which ends
+("length") when it reaches it (requests/jobs.py's `Seq.push`).
 """
 
 from __future__ import annotations
@@ -38,9 +39,12 @@ class Placement:
 
 
 class KVManager:
-    def __init__(self, cache: PagedCache, index: PrefixBlocks | None = None) -> None:
+    def __init__(
+        self, cache: PagedCache, index: PrefixBlocks | None = None, *, context_length: int
+    ) -> None:
         self.cache = cache
         self.prefix = index
+        self.context_length = context_length
 
     @property
     def free(self) -> int:
@@ -56,9 +60,14 @@ class KVManager:
     def capacity_tokens(self) -> int:
         return self.usable * self.cache.block_size
 
+    def max_new(self, unit: Unit) -> int:
+        """The most tokens a candidate of the unit's prompt may generate: max_tokens, or
+        what the context leaves."""
+        return min(unit.job.req.max_tokens, self.context_length - len(unit.prompt))
+
     def cost(self, unit: Unit) -> int:
         """Blocks the unit's rows reserve, with no prefix reuse counted."""
-        new = unit.job.max_new(unit.prompt_index)
+        new = self.max_new(unit)
         return self.cache.blocks_needed(len(unit.prompt), new, len(unit.seqs))
 
     def admission_costs(self) -> tuple[Cost, Cost | None]:
@@ -70,14 +79,17 @@ class KVManager:
     def place(self, units: list[Unit], take: Callable[[int], list[int]]) -> list[Placement]:
         """Slots (from `take`) and blocks for admitted units; admission checked that both
         suffice. With a prefix index, a prompt's cached full blocks are shared and the
-        rest allocated."""
+        rest allocated. Each candidate is given its bound (`max_new`)."""
         cache = self.cache
         out = []
         for u in units:
             taken = take(len(u.seqs))
             length = len(u.prompt)
             job = u.job
-            total = length + job.max_new(u.prompt_index)
+            new = self.max_new(u)
+            for seq in u.seqs:
+                seq.max_new = new
+            total = length + new
             if self.prefix is None:
                 cache.assign(taken[0], cache.alloc.allocate(cache.alloc.blocks_for(total)))
                 cached = 0

@@ -37,10 +37,10 @@ FinishReason = Literal["stop", "length"]
 class ChoiceStream:
     """What one candidate sent so far."""
 
-    def __init__(self, engine: Text, job: Job, seq: Seq, index: int) -> None:
-        self.e, self.job, self.seq, self.index = engine, job, seq, index
-        self.text = engine.text_stream()
-        self.seen = 0  # generated tokens decoded into `text`
+    def __init__(self, text: Text, job: Job, seq: Seq, index: int) -> None:
+        self.text, self.job, self.seq, self.index = text, job, seq, index
+        self.grown = text.text_stream()  # the generated text, decoded as it grows
+        self.seen = 0  # generated tokens decoded into `grown`
         self.chars = 0  # characters of generated text sent
         self.tokens = 0  # generated tokens sent (ids, logprobs)
         self.pos = 0  # offset of the next generated token's text, counted as result.py does
@@ -59,7 +59,7 @@ class ChoiceStream:
         self.echoed = True
         lps = None
         if req.logprobs is not None:
-            lps = LogprobsBuilder(self.e.token_text, self.e.token_piece, req.logprobs)
+            lps = LogprobsBuilder(self.text.token_text, self.text.token_piece, req.logprobs)
             lps.add_prompt(job, seq.prompt_index)
         return {
             "index": self.index,
@@ -77,16 +77,16 @@ class ChoiceStream:
         seq = self.seq
         if seq.finish is not None:
             self.done = True
-            text = choice_text(seq, self.e.decode)
+            text = choice_text(seq, self.text.decode)
             finish = cast(FinishReason, seq.finish)
             # As the Completion lists them: a completion's EOS too, a chat's not
             # (serving/chat.py).
             listed = kept_tokens if self.job.endpoint == CHAT else logprob_tokens
-            return self._delta(text, listed(seq, text, self.e.token_piece), finish)
+            return self._delta(text, listed(seq, text, self.text.token_piece), finish)
         full = self._text()
         safe = full[: len(full) - seq.stop.held_back(full)] if seq.stop.stops else full
         # Tokens whose text starts inside what will have been sent.
-        piece = self.e.token_piece
+        piece = self.text.token_piece
         tokens, pos = self.tokens, self.pos
         while tokens < len(seq.out_ids) and pos < len(safe):
             pos += len(piece(seq.out_ids[tokens]))
@@ -102,9 +102,9 @@ class ChoiceStream:
         if seq.stop.stops:
             return seq.stop.text
         if len(seq.out_ids) > self.seen:
-            self.text.update(seq.out_ids)
+            self.grown.update(seq.out_ids)
             self.seen = len(seq.out_ids)
-        return self.text.text
+        return self.grown.text
 
     def _delta(self, text: str, tokens: int, finish: FinishReason | None) -> Delta:
         """The delta up to `text` (the generated text sent once it goes) and `tokens`."""
@@ -112,7 +112,7 @@ class ChoiceStream:
         ids = seq.out_ids[self.tokens : tokens]
         lps: LogprobsBuilder | None = None
         if req.logprobs is not None:
-            lps = LogprobsBuilder(self.e.token_text, self.e.token_piece, req.logprobs)
+            lps = LogprobsBuilder(self.text.token_text, self.text.token_piece, req.logprobs)
         self.echoed = True
         base = len(job.echo_texts[seq.prompt_index]) if req.echo else 0
         if lps is not None:
@@ -121,7 +121,7 @@ class ChoiceStream:
                 lps.add_generated(seq, i)
             self.pos = lps.pos - base
         else:
-            piece = self.e.token_piece
+            piece = self.text.token_piece
             self.pos += sum(len(piece(t)) for t in seq.out_ids[self.tokens : tokens])
         new = text[self.chars :]
         self.chars, self.tokens = len(text), tokens
@@ -140,9 +140,9 @@ class JobStream:
     Only requests whose candidates are their choices stream (`best_of` > `n` picks the
     choices at the end: OpenAI refuses it with `stream`)."""
 
-    def __init__(self, engine: Text, job: Job) -> None:
+    def __init__(self, text: Text, job: Job) -> None:
         n = job.req.n
-        self.choices = [ChoiceStream(engine, job, s, s.prompt_index * n + s.cand) for s in job.seqs]
+        self.choices = [ChoiceStream(text, job, s, s.prompt_index * n + s.cand) for s in job.seqs]
         self.finished = False  # every choice sent its finish_reason
 
     @staticmethod

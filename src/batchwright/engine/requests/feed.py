@@ -17,7 +17,7 @@ Delta = ChoiceDelta
 class LaneFeed(Protocol):
     def take(self) -> list[EngineRequest | GenResult]:
         """Online requests that arrived since the last call (never waits), prepared
-        (requests/prepare.py), or refused by the preparer."""
+        (serving/prepare.py), or refused by the preparer."""
         ...
 
     def started(self, key: Any, prompt_tokens: int) -> None:

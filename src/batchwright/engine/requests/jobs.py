@@ -53,6 +53,9 @@ class Seq:
     stop_at: int | None = None  # char index of the stop sequence in the generated text
     ended_by_eos: bool = False
     matcher: Any = None  # the row's grammar matcher when its request has a response_format
+    # The most tokens it may generate, from the KV manager as it places the candidate
+    # (kv/manager.py's max_new, the blocks it reserves); None until placed.
+    max_new: int | None = None
 
     @property
     def prompt(self) -> list[int]:
@@ -71,7 +74,7 @@ class Seq:
             self.finish, self.ended_by_eos = "stop", True
         elif (at := self.stop.check(self.out_ids)) is not None:
             self.finish, self.stop_at = "stop", at
-        elif len(self.out_ids) >= job.max_new(self.prompt_index):
+        elif self.max_new is not None and len(self.out_ids) >= self.max_new:
             # max_tokens reached, or the context is full: either way "length".
             self.finish = "length"
         if self.finish is not None:
@@ -92,7 +95,6 @@ class Job:
     prompts: list[list[int]]
     echo_texts: list[str]
     eos_ids: frozenset[int]
-    context_length: int
     seqs: list[Seq] = field(default_factory=list)
     remaining: int = 0
     prompt_scores: dict[int, PromptScores] = field(default_factory=dict)
@@ -113,12 +115,6 @@ class Job:
     @property
     def done(self) -> bool:
         return self.remaining == 0
-
-    def max_new(self, prompt_index: int) -> int:
-        """The most tokens a candidate of prompt `prompt_index` may generate: max_tokens,
-        or what the context leaves. The one bound: the KV manager reserves its rows'
-        blocks for it (kv/manager.py), and a candidate that reaches it ends ("length")."""
-        return min(self.req.max_tokens, self.context_length - len(self.prompts[prompt_index]))
 
     @property
     def needs_prompt_scores(self) -> bool:
@@ -144,7 +140,7 @@ def row_rng(seed: int | None, prompt_index: int, cand: int) -> random.Random:
     return random.Random(f"{seed}:{prompt_index}:{cand}")
 
 
-def start(request: EngineRequest, decode: Decode, eos_ids: frozenset[int], context: int) -> Job:
+def start(request: EngineRequest, decode: Decode, eos_ids: frozenset[int]) -> Job:
     """The job of a validated request, with a candidate per choice to generate (or, with
     nothing to generate, one empty candidate per choice, finished by "length")."""
     req = request.sampling
@@ -154,7 +150,6 @@ def start(request: EngineRequest, decode: Decode, eos_ids: frozenset[int], conte
         request.prompts,
         request.echo_texts,
         eos_ids,
-        context,
         group=request.group,
         endpoint=request.endpoint,
         grammar=request.grammar,

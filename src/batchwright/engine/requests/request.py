@@ -1,4 +1,4 @@
-"""What the engine takes: a line validated and tokenized (requests/prepare.py)."""
+"""What the engine takes: a line validated and tokenized (serving/prepare.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class Sampling:
 
 @dataclass(eq=False)
 class EngineRequest:
-    """What the engine takes: a line validated and tokenized (requests/prepare.py).
+    """What the engine takes: a line validated and tokenized (serving/prepare.py).
 
     `prompts` are token ids (a completion's prompts, or a chat line's rendered messages),
     `echo_texts` their text as an echo returns it, `endpoint` the path whose object the

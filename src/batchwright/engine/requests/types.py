@@ -8,11 +8,13 @@ from typing import Any
 
 @dataclass
 class GenRequest:
-    """One input line handed to the engine.
+    """One input line as the worker holds it, before the engine sees it.
 
     `key` is opaque to the engine (the worker uses the request row id). `body` is the
-    line's `body` object as the client sent it (already passed CompletionRequest
-    validation once, but the engine re-parses it: it is the authority on semantics).
+    line's `body` object as the client sent it (it passed the body check once at
+    validation); the model's preparer (serving/prepare.py) parses it again against the
+    model (vocabulary, context, chat template) into the EngineRequest the engine takes,
+    or its 400. The engine never sees the body.
     `group` (the worker: the batch) shares the rows between groups when several wait:
     the group with the fewest running rows is admitted first (engine/scheduling/intake.py).
     `stream`: an online request (engine/scheduling/lane.py) whose choices are sent as they grow,

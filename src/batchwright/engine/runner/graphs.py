@@ -1,8 +1,8 @@
 """Captured decode steps: on CUDA a steady decode step (no prompt admitted) is one graph
 replay instead of a thousand kernel launches from Python.
 
-A step's device work reads only tensors that live as long as the scheduler (slot state,
-block table, KV pools, sampler state), so it can be recorded once and replayed: the
+A step's device work reads only tensors that live as long as the model runner (slot
+state, block table, KV pools, sampler state), so it can be recorded once and replayed: the
 decode forward (one variable-length attention call per layer), the sampler's fixed
 graph and the in-place advance of tokens and lengths. Graphs are keyed by the step's
 row count (a bucket, slots.py) and a KV-length bucket: `varlen_attn` takes the longest
@@ -19,7 +19,7 @@ copy into its ring, before) and its cursor bookkeeping (after).
 memory pool for every graph (only one runs at a time, and each step's packed output is
 copied out, stream-ordered, before the next replay), on the model's device, without a
 device synchronize or an allocator flush; `EagerCapture` elsewhere (replay runs the step
-again: how the scheduler's graph path runs, and is checked, on CPU).
+again: how the runner's graph path runs, and is checked, on CPU).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def capture_for(device: torch.device) -> Capture:
 
 
 class Decoder(Protocol):
-    """What a captured step runs (the scheduler is one)."""
+    """What a captured step runs (the model runner is one)."""
 
     sampler: Sampler
     context_length: int
@@ -137,29 +137,31 @@ class Decoder(Protocol):
 
 
 class DecodeGraphs:
-    """Decode steps of a scheduler by graph, one per (rows, KV-length bucket)."""
+    """Decode steps of a model runner by graph, one per (rows, KV-length bucket)."""
 
-    def __init__(self, sched: Decoder, capture: Capture) -> None:
-        if sched.sampler.shortcut:
+    def __init__(self, runner: Decoder, capture: Capture) -> None:
+        if runner.sampler.shortcut:
             raise ValueError("a captured step needs the sampler's one fixed graph")
-        self.sched = sched
+        self.runner = runner
         self.capture = capture
-        self.cap = sched.context_length
+        self.cap = runner.context_length
         self.graphs: dict[tuple[int, int, bool, int, bool], Replay] = {}
         self.replays = 0
 
     def step(self, n: int, max_k: int) -> torch.Tensor:
         """One decode step over slots [0, n) whose rows read at most `max_k` keys; the
         packed sampler output (on the device; valid until the next step)."""
-        sampler = self.sched.sampler
+        sampler = self.runner.sampler
         sampler.prepare(n)
         bucket = kv_bucket(max_k, self.cap)
         # A step with a grammar-constrained row, or one packing more top logprobs, runs
         # another variant of the sampler's graph (sampler.core).
-        key = (n, bucket, sampler.masked(n), sampler.width(n), self.sched.adapters_on)
+        key = (n, bucket, sampler.masked(n), sampler.width(n), self.runner.adapters_on)
         replay = self.graphs.get(key)
         if replay is None:
-            packed, self.graphs[key] = self.capture.first(lambda: self.sched.decode_body(n, bucket))
+            packed, self.graphs[key] = self.capture.first(
+                lambda: self.runner.decode_body(n, bucket)
+            )
         else:
             packed = replay()
             self.replays += 1

@@ -31,7 +31,7 @@ from batchwright.engine.loading.loader import LoadedModel
 from batchwright.engine.lora.run import LoraRun, segments_of
 from batchwright.engine.platform.compiled import compile_on
 from batchwright.engine.platform.device import ReadBack, on
-from batchwright.engine.requests.jobs import Seq, Unit
+from batchwright.engine.requests.jobs import Job, Seq, Unit
 from batchwright.engine.runner.cache import new_cache
 from batchwright.engine.runner.forward import Forward
 from batchwright.engine.runner.graphs import DecodeGraphs, capture_for, graphs_on
@@ -68,7 +68,11 @@ class ModelRunner:
             new_cache(lm, spec, max_rows), max_rows, fixed=device.type == "cuda" or captured
         )
         self.cache = self.slots.cache
-        self.kv = KVManager(self.cache, prefix.enabled(spec, lm.varlen, self.cache))
+        self.kv = KVManager(
+            self.cache,
+            prefix.enabled(spec, lm.varlen, self.cache),
+            context_length=lm.context_length,
+        )
         # Sampler slots 0..max_rows-1 are the batch slots; the rest take the candidates
         # being admitted until their first token is drawn. A captured step runs the one
         # fixed sampling graph; on CUDA it is compiled, graphs or not (compiled.py).
@@ -148,6 +152,17 @@ class ModelRunner:
         step, self._pending = self._pending, None
         if step is not None:
             self._record(step)
+
+    # --- echo scores ----------------------------------------------------------------------
+
+    def score(self, job: Job) -> None:
+        """The echo scores of `job`'s prompts (echo with logprobs), asked for by the
+        scheduler as it takes the request: a forward of each prompt alone, beside the rows
+        and the paged cache (forward.py's score_prompt), under the job's adapter."""
+        k = job.req.logprobs or 0
+        job.prompt_scores = {
+            i: self.forward.score_prompt(p, k, job.adapter) for i, p in enumerate(job.prompts)
+        }
 
     # --- a step ----------------------------------------------------------------------------
 

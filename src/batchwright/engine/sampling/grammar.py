@@ -111,7 +111,7 @@ class Grammars:
         self._tok_lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(_COMPILERS)
         self._cache: OrderedDict[tuple[str, str, bool], Future[Any]] = OrderedDict()
-        # Requests come from the threads that prepare lines (requests/prepare.py).
+        # Requests come from the threads that prepare lines (serving/prepare.py).
         self._lock = threading.Lock()
         if time_limit is None:
             time_limit = get_settings().grammar_compile_seconds

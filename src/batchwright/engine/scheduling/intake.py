@@ -15,11 +15,11 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Generator, Hashable, Iterable, Set
 from concurrent import futures
+from dataclasses import dataclass
 from typing import Any
 
 from batchwright.engine.requests.jobs import (
     Job,
-    PromptScores,
     Unit,
     bad_request,
     server_error,
@@ -36,9 +36,19 @@ log = logging.getLogger(__name__)
 Item = EngineRequest | GenResult | Wake
 # A validated request's job (requests/jobs.py's `start`, bound to the model).
 Start = Callable[[EngineRequest], Job]
-# Echo scores of a prompt: (prompt ids, top k) -> PromptScores (a forward of the model).
-# Echo scoring of a prompt: (ids, top-k, LoRA adapter or None) -> its logprobs.
-Score = Callable[[list[int], int, str | None], PromptScores]
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """A job whose prompts need their echo scores (echo with logprobs) before it goes on.
+
+    Admission yields it as it reads the request; the engine's loop has the model runner
+    compute the scores (`job.prompt_scores`) and resumes admission at once, or throws what
+    failed back in at the yield (that request's 500 alone). So the scheduler does no
+    tensor work, and the scores come before anything else of the request happens: its
+    result (scoring only) or its rows."""
+
+    job: Job
 
 
 # Requests read ahead, in multiples of max_rows: longest-first admission needs a window
@@ -65,12 +75,10 @@ class Intake:
         max_rows: int,
         max_batch_tokens: int,
         start: Start,
-        score: Score,
     ) -> None:
         self.max_rows = max_rows
         self.max_batch_tokens = max_batch_tokens
         self.start = start
-        self.score = score
         self.it = iter(requests)
         self._ready: Callable[[], int] | None = getattr(requests, "ready", None)
         ordered = getattr(requests, "orders_ahead", False)
@@ -94,13 +102,14 @@ class Intake:
         running: Callable[[], Counter[Hashable]] | None = None,
         idle: bool = True,
         gate: Callable[[Unit], bool] | None = None,
-    ) -> Generator[GenResult, None, list[Unit]]:
+    ) -> Generator[GenResult | Scoring, None, list[Unit]]:
         """Units for up to `free` rows within max_batch_tokens of prompt tokens (padded
         tokens when not `packed`; a lone longer prompt still goes) and within `kv_free`
         cache blocks (`kv_cost` of a unit). `prompt_cost` (packed only) is the tokens a
         unit's prefill computes when not all of them (a cached prefix); it is called once
         per unit considered, in order. Yields the results of requests that finish without
-        generating (errors, scoring only). `running`: rows running per group. A source
+        generating (errors, scoring only), and a `Scoring` for each request read whose
+        prompts need echo scores. `running`: rows running per group. A source
         with `ready()` is waited on only when `idle` (no rows running) and nothing else
         can be admitted. `gate`: whether a ready unit may go now (its LoRA adapter has a
         slot, engine/lora/run.py; it takes the slot when it says yes); a unit it holds
@@ -234,15 +243,9 @@ class Intake:
         a 400 for it, and its other waiting candidates go too."""
         job = self.pending[0].job
         self.drop({job.key})
-        return bad_request(
-            job.key,
-            f"This request needs more KV-cache memory than the model's worker has "
-            f"({tokens} tokens); reduce n, best_of or max_tokens.",
-            "max_tokens",
-            "context_length_exceeded",
-        )
+        return too_big(job.key, tokens)
 
-    def _read(self, *, wait: bool) -> Generator[GenResult, None, bool]:
+    def _read(self, *, wait: bool) -> Generator[GenResult | Scoring, None, bool]:
         """Read requests into `pending` up to the window, longest generation first: from
         a source with `ready()` what it holds ready (waiting for up to max_rows when
         `wait`), from any other a whole window. Returns True when the source ended the
@@ -275,10 +278,7 @@ class Intake:
                 job = self.start(item)
                 refused = adapter_refusal(job)
                 if refused is None and job.needs_prompt_scores:
-                    k = job.req.logprobs or 0
-                    job.prompt_scores = {
-                        i: self.score(p, k, job.adapter) for i, p in enumerate(job.prompts)
-                    }
+                    yield Scoring(job)  # scored by the runner before this resumes
             except Exception as exc:
                 # This line's failure, not the run's: the other lines and online requests
                 # go on (a raise here ended the engine's run and failed them all).
@@ -310,6 +310,18 @@ def _failed(unit: Unit) -> bool:
 
 def _futures(unit: Unit) -> tuple[Any, Any]:
     return unit.job.grammar, unit.job.lora
+
+
+def too_big(key: Any, tokens: int) -> GenResult:
+    """The 400 of a request one of whose candidates needs more KV blocks than the whole
+    cache (`tokens` tokens) has: a batch line here, an online request in lane.py."""
+    return bad_request(
+        key,
+        f"This request needs more KV-cache memory than the model's worker has "
+        f"({tokens} tokens); reduce n, best_of or max_tokens.",
+        "max_tokens",
+        "context_length_exceeded",
+    )
 
 
 def adapter_refusal(job: Job) -> GenResult | None:

@@ -30,10 +30,11 @@ from batchwright.engine.sampling.grammar import grammar_error
 from batchwright.engine.scheduling import preempt
 from batchwright.engine.scheduling.intake import (
     Intake,
-    Score,
+    Scoring,
     Start,
     adapter_error,
     adapter_refusal,
+    too_big,
 )
 from batchwright.engine.scheduling.rows import Rows
 
@@ -69,7 +70,6 @@ class Lane:
         streams: Streams,
         *,
         start: Start,
-        score: Score,
         reserve: int,
         max_batch_tokens: int,
     ) -> None:
@@ -78,7 +78,6 @@ class Lane:
         self.feed = feed
         self.streams = streams
         self.start = start
-        self.score = score
         self.max_batch_tokens = max_batch_tokens
         self.waiting: list[Unit] = []
         self.reserve = max(0, min(reserve, rows.max_rows - 1))
@@ -86,9 +85,10 @@ class Lane:
 
     # --- admission ---------------------------------------------------------------------
 
-    def admit(self) -> Generator[GenResult, None, list[Unit]]:
+    def admit(self) -> Generator[GenResult | Scoring, None, list[Unit]]:
         """Online units for this step (batch rows preempted as needed); yields results
-        of online requests that end without a row (errors, echo scoring only)."""
+        of online requests that end without a row (errors, echo scoring only), and a
+        `Scoring` for each request taken whose prompts need echo scores (intake.py)."""
         self._round += 1
         if self.feed is None:
             return []
@@ -188,7 +188,9 @@ class Lane:
             self.feed.preempted(1, rows)
         return True
 
-    def _take(self, request: EngineRequest | GenResult) -> Generator[GenResult, None, None]:
+    def _take(
+        self, request: EngineRequest | GenResult
+    ) -> Generator[GenResult | Scoring, None, None]:
         """The request's job, waiting for rows; its refusals (and a failure of its own,
         a 500 for it alone) come out as results before its Started."""
         if isinstance(request, GenResult):  # refused when it was prepared
@@ -212,10 +214,7 @@ class Lane:
             self.feed.started(job.key, sum(len(p) for p in job.prompts))
         try:
             if job.needs_prompt_scores:
-                k = job.req.logprobs or 0
-                job.prompt_scores = {
-                    i: self.score(p, k, job.adapter) for i, p in enumerate(job.prompts)
-                }
+                yield Scoring(job)  # scored by the runner before this resumes
         except Exception as exc:
             log.exception("online request %s: scoring its prompt failed", request.key)
             yield server_error(request.key, exc)
@@ -233,15 +232,8 @@ class Lane:
         return kv.cost(_first(unit)) > kv.usable
 
     def _reject(self, unit: Unit) -> GenResult:
-        tokens = self.rows.kv.capacity_tokens
         self.drop({unit.job.key})
-        return bad_request(
-            unit.job.key,
-            f"This request needs more KV-cache memory than the model's worker has "
-            f"({tokens} tokens); reduce n, best_of or max_tokens.",
-            "max_tokens",
-            "context_length_exceeded",
-        )
+        return too_big(unit.job.key, self.rows.kv.capacity_tokens)
 
     def drop(self, keys: Set[Any]) -> None:
         """Requests cancelled: their waiting units and streams go (rows: the runner)."""

@@ -9,7 +9,9 @@ running, and whether rows should first move into holes (nothing waits, fewer row
 run) or the first waiting request cannot fit even in an empty cache.
 
 Results that need no step (requests refused when prepared, a compile that failed, echo
-scoring only, a request too big for the cache) come out of `plan` and `reject_head`.
+scoring only, a request too big for the cache) come out of `plan` and `reject_head`. So
+does a `Scoring` for each request whose prompts need echo scores (echo with logprobs):
+the engine's loop has the model runner compute them and resumes the plan (intake.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 from batchwright.engine.requests.feed import LaneFeed
 from batchwright.engine.requests.jobs import Unit
 from batchwright.engine.requests.types import GenResult
-from batchwright.engine.scheduling.intake import Intake, Item, Score, Start
+from batchwright.engine.scheduling.intake import Intake, Item, Scoring, Start
 from batchwright.engine.scheduling.lane import Lane, Streams
 from batchwright.engine.scheduling.rows import Rows
 
@@ -57,7 +59,6 @@ class Scheduler:
         *,
         limits: Limits,
         start: Start,
-        score: Score,
     ) -> None:
         self.rows = rows
         self.packed = limits.packed
@@ -66,7 +67,6 @@ class Scheduler:
             max_rows=limits.max_rows,
             max_batch_tokens=limits.max_batch_tokens,
             start=start,
-            score=score,
         )
         # Online requests go first, taking batch rows when none are free (lane.py).
         self.lane = Lane(
@@ -75,13 +75,13 @@ class Scheduler:
             feed,
             streams,
             start=start,
-            score=score,
             reserve=limits.online_rows,
             max_batch_tokens=limits.max_batch_tokens,
         )
 
-    def plan(self) -> Generator[GenResult, None, Plan]:
-        """The next step's plan; yields the results of requests that end without a row."""
+    def plan(self) -> Generator[GenResult | Scoring, None, Plan]:
+        """The next step's plan; yields the results of requests that end without a row,
+        and the requests whose prompts need echo scores before they go on."""
         rows, intake, lane = self.rows, self.intake, self.lane
         lora = rows.lora
         if lora is not None:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from batchwright.engine.requests.observer import Observer
 from batchwright.engine.requests.types import WAKE, GenResult, ModelRefused, Wake
+from batchwright.serving.prepare import Prepare, preparer_for
 from batchwright.serving.wire import Wire
 from batchwright.worker.lease_child.claims import is_out_of_memory
 from batchwright.worker.lease_child.pipeline import Line
@@ -122,6 +123,10 @@ class EngineHost:
         self._load = load
         self._start_online = online
         self.engine: Engine = None  # type: ignore[assignment]  # set by the loop's thread
+        # The engine's preparer (serving/prepare.py), set with it: whoever hands it lines
+        # parses and tokenizes them with it, off the loop's thread. None: the engine takes
+        # lines as they are (an embedding model's runner, a test's stand-in).
+        self.prepare: Prepare | None = None
         self.loaded = threading.Event()  # set once loading ended, well or not
         self.online: RelayPump | None = None
         self.attached: Attachment | None = None
@@ -206,6 +211,7 @@ class EngineHost:
             self.online = self._start_online(self)
         try:
             self.engine = self._load()
+            self.prepare = preparer_for(self.engine)
         except Exception as exc:
             if isinstance(exc, ModelRefused):  # one line: the architecture and why
                 log.error("model %s refused at load: %s", self.model, exc)

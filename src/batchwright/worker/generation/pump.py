@@ -35,6 +35,7 @@ from batchwright.protocol.chat import chat_id
 from batchwright.protocol.embeddings import is_embedding_body
 from batchwright.relay.factory import worker_relay
 from batchwright.relay.messages import (
+    ChoiceDelta,
     Done,
     Failed,
     OnlineRequest,
@@ -47,6 +48,7 @@ from batchwright.worker.adapters import adapter_of
 
 if TYPE_CHECKING:
     from batchwright.engine.engine import Engine
+    from batchwright.serving.prepare import Prepare
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,7 @@ class Host(Protocol):
 
     model: str
     engine: Engine
+    prepare: Prepare | None  # the engine's preparer (serving/prepare.py), None: lines as-is
     loaded: threading.Event
     online: RelayPump | None
 
@@ -285,11 +288,11 @@ class RelayPump:
         the preparer fails this request alone."""
         body = {k: v for k, v in r.body.items() if k not in _STREAM_FIELDS}
         line = GenRequest(r.id, body, stream=r.streamed, adapter=adapter_of(body, self.model))
-        prepare = getattr(self.host.engine, "prepare", None)
+        prepare = self.host.prepare
         if prepare is None:  # an embedding model's runner takes the line as it is
             return line  # type: ignore[return-value]
         try:
-            return prepare(line)  # type: ignore[no-any-return]
+            return prepare(line)
         except Exception as exc:  # the preparer answers its own failures; not this taker's
             log.exception("preparing online request %s failed", r.id)
             return server_error(r.id, exc)
@@ -316,7 +319,7 @@ class RelayPump:
             event = Started(worker=self.wid, system_fingerprint=fp, prompt_tokens=prompt_tokens)
             self._queue(t.request, event)
 
-    def emit(self, key: Any, deltas: list[dict[str, Any]]) -> None:
+    def emit(self, key: Any, deltas: list[ChoiceDelta]) -> None:
         t = self.live.get(key)
         if t is not None:
             # The engine built them in ChoiceDelta's shape: sent as they are (no model built

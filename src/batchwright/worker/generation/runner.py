@@ -131,8 +131,7 @@ def _attach(
     try:
         lease: Lease | lease_process.RemoteLease
         if lease_process.wanted(settings):
-            prepare = getattr(host.engine, "prepare", None)
-            with lease_process.RemoteLease(model, settings, SHUTDOWN, prepare) as lease:
+            with lease_process.RemoteLease(model, settings, SHUTDOWN, host.prepare) as lease:
                 host.run_lease(lease, lease.put, lease.cancelled)
             landed = lease.landed
         else:
@@ -163,8 +162,7 @@ def generate(host: EngineHost, lease: Lease, model: str, settings: Settings) -> 
     )
     depth = max(1, settings.claim_batch_size // 8)
     # An engine that takes lines as they are (a test's stand-in) has no preparer.
-    prepare = getattr(host.engine, "prepare", None)
-    feed = pipeline.ReadAhead(lease.requests(), model, depth, writer.handed, prepare)
+    feed = pipeline.ReadAhead(lease.requests(), model, depth, writer.handed, host.prepare)
     try:
         with writer:
             host.run_lease(feed, writer.put, lease.cancelled)

@@ -25,7 +25,7 @@ from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.worker import metrics
 from batchwright.worker.lease_child.results import write_results
 
-# A line prepared for the engine (engine/requests/prepare.py): a request, or its refusal.
+# A line prepared for the engine (serving/prepare.py): a request, or its refusal.
 Line = EngineRequest | GenResult
 Prepare = Callable[[GenRequest], Line]
 
@@ -70,7 +70,7 @@ class ReadAhead:
     ) -> None:
         self.source = source
         self.model = model
-        # The engine's preparer (engine/requests/prepare.py): lines are parsed and
+        # The engine's preparer (serving/prepare.py): lines are parsed and
         # tokenized here, in this thread, not on the engine's. None: lines pass as they are
         # (the lease process, whose worker prepares them).
         self.prepare = prepare

@@ -12,10 +12,10 @@ from typing import Any
 from batchwright.engine.requests.jobs import bad_request
 from batchwright.engine.requests.request import EngineRequest
 from batchwright.engine.requests.types import GenRequest, GenResult
-from batchwright.engine.requests.validated import request_of
 from batchwright.protocol.chat import ChatCompletionRequest, check_chat_body
 from batchwright.protocol.completions import CompletionRequest
 from batchwright.protocol.endpoints import CHAT
+from batchwright.serving.validated import request_of
 
 
 class TemplateError(ValueError):

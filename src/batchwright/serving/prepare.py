@@ -1,11 +1,12 @@
 """Lines into requests the engine takes: parsed, validated against the model, tokenized.
 
 A Preparer belongs to a loaded model (its tokenizer, chat template, vocabulary and
-context) and is called off the engine's thread, by whatever reads lines for it (the
-worker's claim read-ahead, its lease-process reader, the online taker): the engine never
-parses a body or tokenizes a prompt between two steps. A line the model must refuse
-becomes its GenResult(400) here, and reaches the engine as such, in its place among the
-lines (a result like any other, yielded when the engine reads it).
+context; `preparer(engine)`, one per engine) and is called off the engine's thread, by
+whatever reads lines for it (the worker's claim read-ahead, its lease-process reader, the
+online taker; lines.py for callers without a thread of their own): the engine never
+parses a body or tokenizes a prompt. A line the model must refuse becomes its
+GenResult(400) here, and reaches the engine as such, in its place among the lines (a
+result like any other, yielded when the engine reads it).
 """
 
 from __future__ import annotations
@@ -13,18 +14,22 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator
+import weakref
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from batchwright.engine.requests.chat import prepare_chat
 from batchwright.engine.requests.jobs import Decode, bad_request, server_error
 from batchwright.engine.requests.request import EngineRequest
-from batchwright.engine.requests.tokenize import counted, tokenize
-from batchwright.engine.requests.types import GenRequest, GenResult, Wake
-from batchwright.engine.requests.validated import request_of
+from batchwright.engine.requests.types import GenRequest, GenResult
 from batchwright.protocol.completions import check_completion_body
 from batchwright.protocol.endpoints import CHAT, COMPLETIONS, endpoint_of
+from batchwright.serving.chat_prompt import prepare_chat
+from batchwright.serving.tokenize import counted, tokenize
+from batchwright.serving.validated import request_of
+
+if TYPE_CHECKING:
+    from batchwright.engine.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -161,41 +166,42 @@ def _total(ids: list[int], max_tokens: int, context: int) -> str:
     return str(len(ids) + max_tokens)
 
 
-Item = EngineRequest | GenResult | Wake
 Prepare = Callable[[GenRequest], EngineRequest | GenResult]
 
-
-class Prepared:
-    """A source whose lines may still be wire lines (GenRequest): those are prepared as the
-    engine reads them, on its thread (tests, benches: callers without a thread of their
-    own; the worker prepares its lines before). What the engine asks of a source
-    (`ready()`, `orders_ahead`) is the source's own."""
-
-    def __init__(self, source: Iterable[Item | GenRequest], prepare: Prepare) -> None:
-        self.source = source
-        self.prepare = prepare
-        ready = getattr(source, "ready", None)
-        if ready is not None:
-            self.ready = ready
-        self.orders_ahead = bool(getattr(source, "orders_ahead", False))
-
-    def __iter__(self) -> Iterator[Item]:
-        prepare = self.prepare
-        for item in self.source:
-            yield prepare(item) if isinstance(item, GenRequest) else item
+# One preparer per engine (each holds a copy of the tokenizer), for as long as the engine.
+_preparers: weakref.WeakKeyDictionary[Engine, Preparer] = weakref.WeakKeyDictionary()
+_preparers_lock = threading.Lock()
 
 
-class PreparedFeed:
-    """A lane feed (feed.py) that may hand wire lines, as one of requests (the rest of it is
-    the feed's own)."""
+def preparer(engine: Engine) -> Preparer:
+    """The preparer of `engine`'s model, built at the first call."""
+    with _preparers_lock:
+        prepare = _preparers.get(engine)
+        if prepare is None:
+            prepare = _preparers[engine] = _new_preparer(engine)
+        return prepare
 
-    def __init__(self, feed: Any, prepare: Prepare) -> None:
-        self.feed = feed
-        self.prepare = prepare
 
-    def take(self) -> list[EngineRequest | GenResult]:
-        prepare = self.prepare
-        return [prepare(x) if isinstance(x, GenRequest) else x for x in self.feed.take()]
+def preparer_for(engine: Any) -> Preparer | None:
+    """`preparer(engine)` for a generation engine; None for one that takes lines as they
+    are (an embedding model's runner, a test's stand-in)."""
+    # Not imported at the top: a torch-free importer of this module loads no engine.
+    from batchwright.engine.engine import Engine
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.feed, name)
+    return preparer(engine) if isinstance(engine, Engine) else None
+
+
+def _new_preparer(engine: Engine) -> Preparer:
+    lm = engine.lm
+    lora = engine.lora
+    return Preparer(
+        tokenizer=lm.tokenizer,
+        chat_template=lm.chat_template,
+        model=engine.model_name,
+        decode=engine.text.decode,
+        vocab_size=lm.vocab_size,
+        context_length=lm.context_length,
+        eos_ids=lm.eos_ids,
+        grammar=engine.grammars.request,
+        adapter=lora.store.request if lora is not None else None,
+    )
