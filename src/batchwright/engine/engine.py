@@ -61,7 +61,9 @@ class Engine:
         self.lora = self.forward.lora
         self._runner: ModelRunner | None = None
         self._running = False  # a run holds the runner
-        self.start = functools.partial(start, decode=self.text.decode, eos_ids=lm.eos_ids)
+        self.start = functools.partial(
+            start, decode=self.text.decode, eos_ids=lm.eos_ids, grow=self.text.text_stream
+        )
 
     @classmethod
     def load(cls, spec: ModelSpec) -> Engine:

@@ -13,7 +13,7 @@ from typing import Any
 from batchwright.engine.requests.request import EngineRequest, Sampling
 from batchwright.engine.requests.types import GenResult
 from batchwright.engine.sampling.params import RowParams
-from batchwright.engine.text.stop import StopChecker
+from batchwright.engine.text.stop import GrowingText, StopChecker
 
 Decode = Callable[[list[int]], str]
 # Per prompt position: (logprob or None for the first token, top-k [(id, logprob)] or None).
@@ -140,7 +140,12 @@ def row_rng(seed: int | None, prompt_index: int, cand: int) -> random.Random:
     return random.Random(f"{seed}:{prompt_index}:{cand}")
 
 
-def start(request: EngineRequest, decode: Decode, eos_ids: frozenset[int]) -> Job:
+def start(
+    request: EngineRequest,
+    decode: Decode,
+    eos_ids: frozenset[int],
+    grow: Callable[[], GrowingText] | None = None,
+) -> Job:
     """The job of a validated request, with a candidate per choice to generate (or, with
     nothing to generate, one empty candidate per choice, finished by "length")."""
     req = request.sampling
@@ -169,7 +174,7 @@ def start(request: EngineRequest, decode: Decode, eos_ids: frozenset[int]) -> Jo
                     logprobs=req.logprobs,
                     rng=row_rng(req.seed, p, c),
                 )
-                job.seqs.append(Seq(job, p, c, params, StopChecker(req.stop_list, decode)))
+                job.seqs.append(Seq(job, p, c, params, StopChecker(req.stop_list, decode, grow)))
     else:
         for p in range(len(prompts)):
             for c in range(req.n):

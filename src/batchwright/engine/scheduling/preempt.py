@@ -31,7 +31,7 @@ def restart(job: Job) -> Job:
     for s in job.seqs:
         rng = row_rng(job.req.seed, s.prompt_index, s.cand)
         params = dataclasses.replace(s.params, rng=rng)
-        stop = StopChecker(s.stop.stops, s.stop.decode)
+        stop = StopChecker(s.stop.stops, s.stop.decode, s.stop.grow)
         fresh.seqs.append(Seq(fresh, s.prompt_index, s.cand, params, stop))
     fresh.remaining = len(fresh.seqs)
     return fresh

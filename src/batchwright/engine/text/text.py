@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
-from batchwright.engine.text.stop import IncrementalText, StreamText
+from batchwright.engine.text.stop import GrowingText, IncrementalText, StreamText
 from batchwright.engine.text.token_keys import TokenKeys
 
-
-class GrowingText(Protocol):
-    """A row's generated text as tokens arrive (IncrementalText, StreamText)."""
-
-    text: str
-
-    def update(self, ids: list[int]) -> str: ...
+__all__ = ["GrowingText", "Text"]
 
 
 class Text:
