@@ -53,3 +53,20 @@ def homogeneous(bodies: list[dict[str, Any]], eos: int, vocab: int) -> list[dict
         }
         for _ in bodies
     ]
+
+
+def same_lengths(bodies: list[dict[str, Any]], eos: int, vocab: int) -> list[dict[str, Any]]:
+    """`bodies`' own prompt lengths and max_tokens, every request greedy with nothing else
+    set (distinct random prompts): against `bodies` it isolates what mixing parameters
+    costs, against `homogeneous` what the ragged lengths cost (docs/engine.md, E3)."""
+    rng = random.Random(1_000_033)
+    return [
+        {
+            "model": "bench",
+            "prompt": [rng.randrange(1, vocab) for _ in b["prompt"]],
+            "max_tokens": b["max_tokens"],
+            "temperature": 0.0,
+            "logit_bias": {str(eos): -100},
+        }
+        for b in bodies
+    ]

@@ -17,9 +17,11 @@ figures per leg, the ratio work ÷ baseline per pair (median, min-max), E3 (hete
 
 Legs (bench/_workloads.py, as engine_bench.py): `het` 256 heterogeneous requests (prompts
 8-256 tokens, max_tokens 8-128, mixed temperature/top_p/penalties/stops/logprobs), `hom`
-the same token counts in one shape (distinct prompts of the mean length, greedy). The
-model is engine_bench's CPU model (4.5M-parameter Llama, vocab 4096) unless `--model DIR`
-names an HF directory. `--set k=v` sets a ModelSpec field on both sides, `--base-set` /
+the same token counts in one shape (distinct prompts of the mean length, greedy), and on
+request `lens`, het's own lengths with every request greedy (`--legs het,hom,lens` prints
+E3's gap split into what the parameters and what the lengths cost). The model is
+engine_bench's CPU model (4.5M-parameter Llama, vocab 4096) unless `--model DIR` names an
+HF directory. `--set k=v` sets a ModelSpec field on both sides, `--base-set` /
 `--work-set` on one. `--runs N` runs each leg N times in its process, one after the other,
 as a worker runs consecutive files (the figures then cover all N; peak RSS is the
 process's).
@@ -40,11 +42,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _workloads import homogeneous, make_requests
+from _workloads import homogeneous, make_requests, same_lengths
 
 REPO = Path(__file__).resolve().parent.parent
 RUNNER = Path(__file__).resolve().parent / "_ab_runner.py"
-LEGS = {"het": "heterogeneous", "hom": "homogeneous"}
+LEGS = {"het": "heterogeneous", "hom": "homogeneous", "lens": "same lengths, greedy"}
 
 
 def export(rev: str, into: Path) -> tuple[str, Path]:
@@ -134,7 +136,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--baseline", default="main", help="git revision (default main)")
     ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--legs", default="het,hom", help="het, hom or both (default)")
+    ap.add_argument(
+        "--legs", default="het,hom", help="het, hom (default both), lens (het's lengths, greedy)"
+    )
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--rows", type=int, default=64, help="max_rows (default 64)")
     ap.add_argument("--cpu", type=int, default=0, help="core the measured run is pinned to")
@@ -165,7 +169,11 @@ def main() -> None:
     model = args.model or build_model(tmp / "model", args.kv_heads)
     vocab, eos = model_facts(model)
     bodies = make_requests(args.requests, vocab, eos, random.Random(0), scale=1.0)
-    sets = {"het": bodies, "hom": homogeneous(bodies, eos, vocab)}
+    sets = {
+        "het": bodies,
+        "hom": homogeneous(bodies, eos, vocab),
+        "lens": same_lengths(bodies, eos, vocab),
+    }
     warmup = make_requests(4, vocab, eos, random.Random(1), scale=0.1)
     common = {"max_rows": args.rows, "max_batch_tokens": 4096, **parse_sets(args.set)}
     specs = {
@@ -246,6 +254,15 @@ def main() -> None:
                 for h, o in zip(runs[side, "het"], runs[side, "hom"], strict=True)
             ]
             print(f"E3 {side}: heterogeneous ÷ homogeneous, tokens per CPU-second: {spread(e3)}")
+    # What E3's gap is made of: the parameters (het ÷ lens) and the lengths (lens ÷ hom).
+    for num, den, what in (("het", "lens", "the parameters"), ("lens", "hom", "the lengths")):
+        if num in legs and den in legs:
+            for side in ("base", "work"):
+                part = [
+                    a["tok_per_cpu_s"] / b["tok_per_cpu_s"]
+                    for a, b in zip(runs[side, num], runs[side, den], strict=True)
+                ]
+                print(f"{side}: {num} ÷ {den} ({what}), tokens per CPU-second: {spread(part)}")
     if args.json:
         args.json.write_text(
             json.dumps({f"{s}/{leg}": rs for (s, leg), rs in runs.items()}, indent=1)
