@@ -6,9 +6,13 @@ every input back to back, no padding anywhere). Before a forward the engine sets
 plan (packing.py):
 
 - CUDA: one `varlen_attn` call per layer over the whole row (cu_seqlens).
-- elsewhere: one SDPA call per run of inputs of equal length, as a batch of them with no
-  mask (the packer puts equal lengths side by side), so no token attends to padding and
-  none is computed for it.
+- CPU, float32: one call of the engine's native kernel per layer over every input
+  (platform/csrc/packed_attention.h): SDPA's flash kernel runs its products as GEMM calls
+  too thin at head dims of 32-64 to reach a linear layer's speed (1.1-1.9x on the
+  embedding bench's shapes, docs/embeddings.md).
+- elsewhere (other dtypes or head dims, no compiler): one SDPA call per run of inputs of
+  equal length, as a batch of them with no mask (the packer puts equal lengths side by
+  side), so no token attends to padding and none is computed for it.
 
 Nothing is written anywhere: the keys and values of a forward are gone after it.
 """
@@ -26,6 +30,7 @@ import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from batchwright.engine.attention import registration
+from batchwright.engine.platform import native
 
 NAME = "batchwright_embed"
 # Per-layer variants this attention lacks: such a model runs padded (model.py).
@@ -41,6 +46,9 @@ class Packed:
     cu: torch.Tensor | None  # [inputs + 1] int32 on the device (CUDA only)
     max_len: int
     varlen: bool
+    # [inputs] first token and length of each input, on the host (the native kernel's)
+    starts: torch.Tensor | None = None
+    lengths: torch.Tensor | None = None
 
 
 _PLAN: ContextVar[Packed | None] = ContextVar("batchwright_embed_plan", default=None)
@@ -96,6 +104,11 @@ def attention(
         )
         assert isinstance(row, torch.Tensor)
         return row[None], None
+    kernel = _native(q, plan)
+    if kernel is not None:
+        assert plan.starts is not None and plan.lengths is not None
+        scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+        return kernel(q, k, v, plan.starts, plan.lengths, scale, causal)[None], None
     result = q.new_empty((q.shape[0], q.shape[1], v.shape[-1]))
     for start, n, length in plan.runs:
         end = start + n * length
@@ -106,6 +119,17 @@ def attention(
         )
         result[start:end] = attended.transpose(1, 2).flatten(0, 1)
     return result[None], None
+
+
+def _native(q: torch.Tensor, plan: Packed) -> Any:
+    """The native kernel where it takes this forward (float32 on CPU, a head dim it
+    takes, the inputs' offsets at hand), else None."""
+    if q.device.type != "cpu" or q.dtype != torch.float32 or plan.starts is None:
+        return None
+    module = native.module()
+    if module is None or q.shape[-1] % module.packed_attention_dims():
+        return None
+    return module.packed_attention
 
 
 def register() -> None:

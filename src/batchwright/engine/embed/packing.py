@@ -1,9 +1,9 @@
 """Inputs of one forward packed into one row: no padding, equal lengths side by side.
 
 `pack` orders the inputs it is given by length and lays them back to back; the attention
-(attention.py) then runs one call per run of equal lengths on CPU, one varlen call on CUDA,
-and pooling (pooling.py) reads each input's tokens by its offsets. What the host reads
-back is one [inputs, dim] tensor per forward.
+(attention.py) then runs one native call on CPU (one per run of equal lengths where the
+kernel is missing), one varlen call on CUDA, and pooling (pooling.py) reads each input's
+tokens by its offsets. What the host reads back is one [inputs, dim] tensor per forward.
 """
 
 from __future__ import annotations
@@ -82,7 +82,14 @@ def pack(
         inputs=ordered,
         ids=host[0:1],
         positions=host[1:2],
-        plan=Packed(runs=runs, cu=cu, max_len=max(lengths), varlen=varlen),
+        plan=Packed(
+            runs=runs,
+            cu=cu,
+            max_len=max(lengths),
+            varlen=varlen,
+            starts=torch.tensor(starts, dtype=torch.long),
+            lengths=torch.tensor(lengths, dtype=torch.long),
+        ),
         starts=meta[0],
         lengths=meta[1],
         pool_from=meta[2],
