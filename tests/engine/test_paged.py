@@ -116,6 +116,33 @@ def test_native_paged_kernel_shapes(
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("q_heads", "kv_heads", "dim"), [(4, 4, 64), (8, 2, 32), (4, 1, 16), (4, 2, 48)]
+)
+def test_tiles_give_a_row_the_bits_it_gets_alone(q_heads: int, kv_heads: int, dim: int) -> None:
+    # A prompt's tokens through the paged kernel as the batch-invariant steps send them:
+    # one row per token on the prompt's blocks, neighbours read in AVX-512 tiles of two and
+    # three. Each row must get exactly the bits it gets read alone (a line computed again
+    # after preemption, its tokens in other tiles, gives the same text).
+    if paged_attention_kernel() is None:
+        pytest.skip("no C++ toolchain to build the native kernel on this machine")
+    if "avx512" not in _RUNNABLE:
+        pytest.skip("tiles are AVX-512 only")
+    kernel = native.kernel_for("avx512")
+    gen = torch.Generator().manual_seed(3)
+    bs = 16
+    kpool = torch.randn(40, bs, kv_heads, dim, generator=gen)
+    vpool = torch.randn(40, bs, kv_heads, dim, generator=gen)
+    lens = [*range(1, 61), 33, 50, 17]  # a prompt's 60 tokens, then rows of another
+    table = torch.zeros(len(lens), 8, dtype=torch.int32)
+    table[:60] = torch.tensor([3, 7, 1, 9, 11, 2, 5, 4], dtype=torch.int32)
+    table[60:] = torch.tensor([3, 7, 12, 13, 14, 15, 16, 17], dtype=torch.int32)
+    q = torch.randn(len(lens), q_heads, dim, generator=gen)
+    together = kernel(q, kpool, vpool, table, torch.tensor(lens), dim**-0.5, tiles=True)
+    alone = kernel(q, kpool, vpool, table, torch.tensor(lens), dim**-0.5, tiles=False)
+    assert torch.equal(together, alone)
+
+
 def _sdpa_per_row(
     q: torch.Tensor,
     kpool: torch.Tensor,

@@ -115,13 +115,11 @@ def native(
     lens: torch.Tensor,
     scale: float,
     variant: Variant = PLAIN,
-    tiles: bool = True,
 ) -> torch.Tensor:
-    """`tiles` False: each row's bits independent of its neighbours (loading/invariance.py)."""
     kernel = paged_attention_kernel()
     assert kernel is not None, "the native backend needs the compiled kernel"
     if variant is PLAIN:
-        return kernel(q, kpool, vpool, table, lens, scale, tiles=tiles)
+        return kernel(q, kpool, vpool, table, lens, scale)
     return kernel(
         q,
         kpool,
@@ -132,7 +130,6 @@ def native(
         window=variant.window or 0,
         softcap=variant.softcap or 0.0,
         sinks=variant.sinks,
-        tiles=tiles,
     )
 
 

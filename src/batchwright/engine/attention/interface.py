@@ -52,8 +52,6 @@ class Step:
     # Prompts whose leading tokens are cached (not in `bounds`): prefix_attention.py.
     cached: prefix_attention.CachedPrompts | None = None
     pad: int = 0  # tokens at the end of the row that nobody reads
-    # native: rows on the same blocks may be read together (loading/invariance.py: not when False)
-    tiles: bool = True
 
 
 _PLAN: ContextVar[Step | None] = ContextVar("batchwright_attention_plan", default=None)
@@ -184,7 +182,7 @@ def attention(
         if plan.backend == "native":
             assert plan.lens is not None
             result[0, :n] = backends.native(
-                q[:n].contiguous(), *pools, cache.table, plan.lens, scale, variant, plan.tiles
+                q[:n].contiguous(), *pools, cache.table, plan.lens, scale, variant
             )
         else:
             result[0, :n] = backends.reference(
@@ -202,7 +200,7 @@ def attention(
         )
         result[:, n + s : n + e] = attended.transpose(1, 2)
     if plan.cached is not None:
-        prefix_attention.attend(plan.cached, query, *pools, result, scale, gqa, variant, plan.tiles)
+        prefix_attention.attend(plan.cached, query, *pools, result, scale, gqa, variant)
     if plan.pad:
         result[0, -plan.pad :] = 0
     return result, None

@@ -59,14 +59,13 @@ def attend(
     scale: float,
     gqa: bool,
     variant: Variant = PLAIN,
-    tiles: bool = True,
 ) -> None:
     """Write the attention of the prompts' new tokens into `result` [1, tokens, heads,
     dim]; `query` is [1, heads, tokens, dim]."""
     if cp.rows is not None:
         assert cp.row_table is not None and cp.row_lens is not None
         q = query[0].transpose(0, 1).index_select(0, cp.rows).contiguous()
-        out = backends.native(q, kpool, vpool, cp.row_table, cp.row_lens, scale, variant, tiles)
+        out = backends.native(q, kpool, vpool, cp.row_table, cp.row_lens, scale, variant)
         result[0].index_copy_(0, cp.rows, out)
         return
     for i, (s, e, cached) in enumerate(cp.spans):

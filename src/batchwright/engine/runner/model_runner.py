@@ -220,7 +220,7 @@ class ModelRunner:
         plan = Step(
             self.cache, n, torch.cat(dest) if len(dest) > 1 else dest[0], fresh, self.backend
         )
-        plan.pad, plan.tiles = pad, not multiple
+        plan.pad = pad
         plan_attention(plan, s, n, placed, self._max_k(n))
         if self.backend != "varlen":
             plan.cached = cached_prompts(

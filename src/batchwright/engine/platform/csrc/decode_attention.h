@@ -355,20 +355,42 @@ inline void scores_tile(const Step& p, const float* const* q, const float* kb, i
 
 // values() for R rows on the same block: each value loaded once for all R. NV registers
 // per head and row (a compile-time count, so the accumulators stay in registers: with a
-// runtime count they lived on the stack, a store and a load per token).
+// runtime count they lived on the stack, a store and a load per token). Each row's sums
+// are add_values16's, in its order (8-token chunks, token pairs in two accumulators
+// added at the chunk's end), so a row's bits do not depend on whether it was read in a
+// tile: the batch-invariant steps read prompts' tokens in tiles too.
 template <int R, int NV>
 inline void values_head(const float* const* w, const float* vh, int64_t vt, int64_t stop,
                         float* const* acc) {
-  __m512 a[R][NV];
+  static_assert(NV <= 4, "add_values16's paired order is for heads of up to 4 registers");
+  __m512 a[R][NV], b[R][NV];
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < NV; ++i) a[r][i] = _mm512_loadu_ps(acc[r] + 16 * i);
-  for (int64_t j = 0; j < stop; ++j) {
-    __m512 wj[R];
-    for (int r = 0; r < R; ++r) wj[r] = _mm512_set1_ps(w[r][j]);
-    const float* vj = vh + j * vt;
-    for (int i = 0; i < NV; ++i) {
-      const __m512 v = _mm512_loadu_ps(vj + 16 * i);
-      for (int r = 0; r < R; ++r) a[r][i] = _mm512_fmadd_ps(wj[r], v, a[r][i]);
+  for (int64_t j0 = 0; j0 < stop; j0 += kChunk) {
+    const int64_t end = std::min(j0 + kChunk, stop);
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < NV; ++i) b[r][i] = _mm512_setzero_ps();
+    int64_t j = j0;
+    for (; j + 1 < end; j += 2) {
+      const float* v0 = vh + j * vt;
+      const float* v1 = v0 + vt;
+      for (int i = 0; i < NV; ++i) {
+        const __m512 x0 = _mm512_loadu_ps(v0 + 16 * i), x1 = _mm512_loadu_ps(v1 + 16 * i);
+        for (int r = 0; r < R; ++r) {
+          a[r][i] = _mm512_fmadd_ps(_mm512_set1_ps(w[r][j]), x0, a[r][i]);
+          b[r][i] = _mm512_fmadd_ps(_mm512_set1_ps(w[r][j + 1]), x1, b[r][i]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < NV; ++i) a[r][i] = _mm512_add_ps(a[r][i], b[r][i]);
+    for (; j < end; ++j) {
+      const float* vj = vh + j * vt;
+      for (int i = 0; i < NV; ++i) {
+        const __m512 x = _mm512_loadu_ps(vj + 16 * i);
+        for (int r = 0; r < R; ++r)
+          a[r][i] = _mm512_fmadd_ps(_mm512_set1_ps(w[r][j]), x, a[r][i]);
+      }
     }
   }
   for (int r = 0; r < R; ++r)
@@ -387,9 +409,12 @@ inline void values_tile(const Step& p, const float* vb, int64_t stop, float* con
       a[r] = acc[r] + h * p.d;
     }
     const float* vh = vb + (h / p.group) * p.d;
-    with_registers(p.d / 16, [&](auto nv) {
-      values_head<R, decltype(nv)::value>(w, vh, p.vt, stop, a);
-    });
+    switch (p.d / 16) {  // tiles take heads of 16 to 64 dims
+      case 4: values_head<R, 4>(w, vh, p.vt, stop, a); break;
+      case 3: values_head<R, 3>(w, vh, p.vt, stop, a); break;
+      case 2: values_head<R, 2>(w, vh, p.vt, stop, a); break;
+      default: values_head<R, 1>(w, vh, p.vt, stop, a); break;
+    }
   }
 }
 #endif
@@ -403,8 +428,8 @@ inline void values_tile(const Step& p, const float* vb, int64_t stop, float* con
 //   sinks   [q_heads] float32: one more logit per head in the softmax's denominator,
 //                with no value (gpt-oss attention sinks)
 //   tiles  whether rows that start on the same blocks may be read together (AVX-512):
-//          their values sum in another order, so a row's bits then depend on its
-//          neighbours; the engine's batch-invariant steps pass false (invariance.py).
+//          a row's bits are the same either way (values_head sums in add_values16's
+//          order); false reads every row alone, to measure what the tiles save.
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
                                      torch::Tensor table, torch::Tensor lens, double scale,
                                      int64_t window, double softcap,
