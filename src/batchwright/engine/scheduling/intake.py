@@ -301,10 +301,18 @@ class Intake:
 
 def _ready(unit: Unit) -> bool:
     """Whether the unit's grammar and adapter weights, if it has them, are ready."""
+    job = unit.job
+    if job.grammar is None and job.lora is None:
+        return True
     return all(f is None or (f.done() and f.exception() is None) for f in _futures(unit))
 
 
 def _failed(unit: Unit) -> bool:
+    # Every waiting unit is asked every step: most have neither future, so say so first
+    # (the generator below cost 1-1.5 % of the CPU bench's run).
+    job = unit.job
+    if job.grammar is None and job.lora is None:
+        return False
     return any(f is not None and f.done() and f.exception() is not None for f in _futures(unit))
 
 
