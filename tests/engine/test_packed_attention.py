@@ -70,3 +70,26 @@ def test_inputs_out_of_the_row_are_refused() -> None:
         native.module().packed_attention(
             q, q, q, torch.tensor([0, 6]), torch.tensor([6, 5]), 0.25, False
         )
+
+
+def test_the_embedding_attention_takes_the_kernel_for_float32_on_cpu() -> None:
+    # The engine's choice (engine/embed/attention.py): the kernel for the tiny test
+    # models' float32 heads of 16 dims, SDPA for other dtypes and for rows the kernel
+    # cannot read.
+    if native.module() is None:
+        pytest.skip("no C++ toolchain to build the native kernels on this machine")
+    from batchwright.engine.embed.attention import Packed, _native
+
+    plan = Packed(
+        runs=[(0, 1, 4)],
+        cu=None,
+        max_len=4,
+        varlen=False,
+        starts=torch.tensor([0]),
+        lengths=torch.tensor([4]),
+    )
+    qkv = torch.randn(4, 3, 2, 16)
+    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+    assert _native(q, k, v, plan) is not None
+    assert _native(q.bfloat16(), k.bfloat16(), v.bfloat16(), plan) is None
+    assert _native(q, k, torch.randn(4, 2, 32)[..., ::2], plan) is None

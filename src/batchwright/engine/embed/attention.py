@@ -104,7 +104,7 @@ def attention(
         )
         assert isinstance(row, torch.Tensor)
         return row[None], None
-    kernel = _native(q, plan)
+    kernel = _native(q, k, v, plan)
     if kernel is not None:
         assert plan.starts is not None and plan.lengths is not None
         scale = scaling if scaling is not None else q.shape[-1] ** -0.5
@@ -121,10 +121,12 @@ def attention(
     return result[None], None
 
 
-def _native(q: torch.Tensor, plan: Packed) -> Any:
+def _native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Packed) -> Any:
     """The native kernel where it takes this forward (float32 on CPU, a head dim it
-    takes, the inputs' offsets at hand), else None."""
+    takes, rows of unit stride, the inputs' offsets at hand), else None."""
     if q.device.type != "cpu" or q.dtype != torch.float32 or plan.starts is None:
+        return None
+    if any(t.stride(-1) != 1 for t in (q, k, v)) or v.shape[-1] != q.shape[-1]:
         return None
     module = native.module()
     if module is None or q.shape[-1] % module.packed_attention_dims():

@@ -45,24 +45,22 @@ inline VF sub(VF a, VF b) { return _mm512_sub_ps(a, b); }
 inline VF mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
 inline float hmax(VF a) { return _mm512_reduce_max_ps(a); }
 inline float hsum(VF a) { return _mm512_reduce_add_ps(a); }
-// exp on 16 lanes for x <= 0 (scores less their row's maximum): vec::exp8's range
-// reduction and polynomial (Cephes expf, about 1 ulp), 2^n applied by vscalefps; 0 below
-// -87.3, -inf (a masked key) included.
-inline VF exp(VF x) {
-  const VF lo = _mm512_set1_ps(-87.33654f);
+// 2^x on 16 lanes for x <= 0 (scores in log2 units less their row's maximum): n =
+// round(x), 2^(x - n) by a degree-6 polynomial on [-1/2, 1/2] (about 1 ulp), 2^n applied
+// by vscalefps; 0 below -126 (-inf, a masked key, included).
+inline VF exp2(VF x) {
+  const VF lo = _mm512_set1_ps(-126.f);
   const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
   x = _mm512_max_ps(x, lo);
-  const VF n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
-  VF y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.f)));
+  const VF n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const VF r = _mm512_sub_ps(x, n);
+  VF y = _mm512_set1_ps(1.535336188319500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.339887440266574e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(9.618437357674640e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.550332471162809e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(2.402264791363012e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(6.931472028550421e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.f));
   return _mm512_maskz_scalef_ps(keep, y, n);
 }
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -80,7 +78,7 @@ inline VF sub(VF a, VF b) { return _mm256_sub_ps(a, b); }
 inline VF mul(VF a, VF b) { return _mm256_mul_ps(a, b); }
 inline float hmax(VF a) { return vec::hmax(a); }
 inline float hsum(VF a) { return vec::hsum(a); }
-inline VF exp(VF x) { return vec::exp8(x); }
+inline VF exp2(VF x) { return vec::exp8(_mm256_mul_ps(x, _mm256_set1_ps(0.6931471805599453f))); }
 #else
 // Plain loops: one lane (builds without AVX2; the same steps, the compiler's code).
 constexpr int R = 4;
@@ -97,7 +95,7 @@ inline VF sub(VF a, VF b) { return a - b; }
 inline VF mul(VF a, VF b) { return a * b; }
 inline float hmax(VF a) { return a; }
 inline float hsum(VF a) { return a; }
-inline VF exp(VF x) { return std::exp(x); }
+inline VF exp2(VF x) { return std::exp2(x); }
 #endif
 
 // Vectors per row in the score loop (its column chunk C) and in the value loop (a dim
@@ -177,12 +175,15 @@ inline void one_head(const float* q, int64_t qt, const float* k, int64_t kt_, co
     std::copy(v + j * vt, v + j * vt + d, vs + j * d);
   }
   std::fill(vs + len * d, vs + lp * d, 0.f);
+  // Scores in log2 units: the softmax's exp becomes a 2^x, with no multiply by log2(e)
+  // and a one-step range reduction.
+  const float scale2 = scale * 1.4426950408889634f;
   for (int64_t i0 = 0; i0 < len; i0 += R) {
     const int64_t rows = std::min<int64_t>(R, len - i0);
     for (int64_t r = i0 + R; r < std::min<int64_t>(i0 + 2 * R, len); ++r) fetch(q + r * qt, d);
     for (int r = 0; r < R; ++r)
       for (int64_t c = 0; c < d; ++c)
-        qs[r * d + c] = r < rows ? q[(i0 + r) * qt + c] * scale : 0.f;
+        qs[r * d + c] = r < rows ? q[(i0 + r) * qt + c] * scale2 : 0.f;
     // Columns this block reads: every key, or (causal) up to its last row.
     const int64_t cols = causal ? i0 + rows : len;
     const int64_t cp = (cols + C - 1) / C * C;
@@ -197,7 +198,7 @@ inline void one_head(const float* q, int64_t qt, const float* k, int64_t kt_, co
       const VF top = splat(hmax(m));
       VF total = zero();
       for (int64_t j = 0; j < cp; j += W) {
-        const VF e = exp(sub(load(sr + j), top));
+        const VF e = exp2(sub(load(sr + j), top));
         store(sr + j, e);
         total = add(total, e);
       }
