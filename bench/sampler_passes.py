@@ -44,6 +44,7 @@ _LOOP = re.compile(
     r"for\(int64_t (x\d+)=static_cast<int64_t>\(0L\); \1<static_cast<int64_t>\((\d+)L\)"
 )
 _LOAD = re.compile(r"\b((?:in_out|in|out)_ptr\d+)\s*\+")
+_INDEXED_ADD = re.compile(r"_ptr\d+\[static_cast<int64_t>\(tmp\d+\[\w+\][^\]]*\)\] \+=")
 _TRITON = re.compile(r"(triton_\w+) = async_compile\.triton\('\w+', '''(.*?)'''", re.S)
 
 
@@ -114,7 +115,9 @@ def _loops(src: str, rows: int, vocab: int) -> list[tuple[str, set[str]]]:
         end = heads[i + 1].start() if i + 1 < len(heads) else len(src)
         body = src[m.start() : end]
         ptrs = set(_LOAD.findall(body))
-        if "atomic_add" in body:
+        # On one thread inductor writes the scatter as a plain indexed += (atomic adds
+        # when the kernel may run on several).
+        if "atomic_add" in body or _INDEXED_ADD.search(body):
             kind = "scatter"
         elif "max_propagate_nan" in body or "maximum(" in body:
             kind = "max"
